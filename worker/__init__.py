@@ -1,0 +1,1 @@
+"""Celery workers that run training jobs (the training-service issue)."""
