@@ -50,7 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="run REINFORCE / RLOO training from a YAML config")
     train.add_argument("--config", required=True, help="YAML config file")
     train.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a config value, e.g. --set reinforce.num_rollouts_per_prompt=8 (repeatable)",
     )
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in run_dir")
@@ -72,11 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from aligner.config import ConfigError
     from aligner.data import PromptDataError
+    from aligner.rewards import RewardError
+    from aligner.trainer import RunDirError
 
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (UserError, ConfigError, PromptDataError, FileNotFoundError) as err:
+    except (UserError, ConfigError, PromptDataError, RewardError, RunDirError, FileNotFoundError) as err:
         print(f"aligner {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

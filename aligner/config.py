@@ -118,7 +118,9 @@ class ReinforceConfig(Section):
     @model_validator(mode="after")
     def _rollouts(self) -> ReinforceConfig:
         if self.baseline == "rloo" and self.num_rollouts_per_prompt < 2:
-            raise ValueError("num_rollouts_per_prompt must be at least 2 for the RLOO baseline (or set baseline: none)")
+            raise ValueError(
+                "num_rollouts_per_prompt must be at least 2 for the RLOO baseline (or set baseline: none)"
+            )
         return self
 
 

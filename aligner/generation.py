@@ -1,0 +1,223 @@
+"""Batched sampling of responses with a KV cache, behind a `Generator` interface other engines can implement.
+
+`TorchGenerator` runs any Hugging Face causal LM in plain PyTorch: each distinct prompt is prefilled once and its
+KV cache copied to its samples, then tokens are decoded one step at a time. It returns, per sample, the response
+tokens, the policy's log-prob of each sampled token (of the unmodified distribution, whatever the temperature or
+top-k/top-p), and `is_end`: whether the response ended properly (EOS or an end string) or was truncated.
+
+A TensorRT-LLM or vLLM engine implements the same `Generator` protocol and refits its own weights copy in
+`update_weights` after each optimiser step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from aligner.config import GenerationConfig
+from aligner.models import position_ids_from_mask
+
+
+@dataclass
+class GenerationOutput:
+    """B = prompts x samples rows, prompt-major (all samples of prompt 0, then prompt 1, ...)."""
+
+    prompt_ids: torch.Tensor  # [B, P] left-padded
+    prompt_mask: torch.Tensor  # [B, P] bool
+    response_ids: torch.Tensor  # [B, T] right-padded
+    response_mask: torch.Tensor  # [B, T] bool: tokens of the response, EOS included
+    logprobs: torch.Tensor  # [B, T] float32 policy log-probs of the sampled tokens, 0 on padding
+    is_end: torch.Tensor  # [B] bool
+    group_ids: torch.Tensor  # [B] index of the prompt each sample answers
+    responses: list[str]  # decoded response text
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(-1)
+
+    def sequences(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Input ids and attention mask of [prompt | response] rows, for log-prob computation."""
+        return (
+            torch.cat([self.prompt_ids, self.response_ids], dim=1),
+            torch.cat([self.prompt_mask, self.response_mask], dim=1),
+        )
+
+
+class Generator(Protocol):
+    def generate(self, prompt_ids: list[list[int]], num_samples: int, seed: int) -> GenerationOutput:
+        """Sample `num_samples` responses for each prompt; `seed` fixes the sampling noise."""
+        ...
+
+    def update_weights(self, model: nn.Module) -> None:
+        """Called after each optimiser step: engines that hold their own copy of the weights refit it here."""
+        ...
+
+
+def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Temperature, then top-k, then top-p (nucleus) filtering; removed tokens get -inf."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # Drop a token when the mass before it already reaches top_p; the most likely token always stays.
+        drop = (probs.cumsum(-1) - probs) >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    return logits
+
+
+def sample_from_logits(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token per row by inverse CDF on a uniform draw (much cheaper than torch.multinomial on the CPU)."""
+    probs = logits.float().softmax(-1)
+    cdf = probs.cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+def left_pad(sequences: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.bool)
+    for i, s in enumerate(sequences):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = True
+    return ids.to(device), mask.to(device)
+
+
+class TorchGenerator:
+    """Sampling with the training model itself and Hugging Face's dynamic KV cache."""
+
+    def __init__(self, model: nn.Module, tokenizer, config: GenerationConfig, eos_ids: list[int]):
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.eos_ids = torch.tensor(eos_ids, dtype=torch.long)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+        # An end string spans at most this many tokens (a token decodes to at least one byte).
+        self._end_window = max((len(s.encode()) for s in config.end_strings), default=0) + 1
+
+    def update_weights(self, model: nn.Module) -> None:
+        self.model = model  # shares the training module: nothing to copy
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], num_samples: int, seed: int) -> GenerationOutput:
+        device = next(self.model.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(seed)
+        step = self.config.batch_size
+        chunks = [
+            self._generate_chunk(prompt_ids[i : i + step], num_samples, generator, device)
+            for i in range(0, len(prompt_ids), step)
+        ]
+        out = chunks[0] if len(chunks) == 1 else _concat(chunks, self.pad_id)
+        out.group_ids = torch.arange(len(prompt_ids), device=device).repeat_interleave(num_samples)
+        return out
+
+    def _generate_chunk(self, prompts, num_samples, generator, device) -> GenerationOutput:
+        from transformers import DynamicCache
+
+        cfg, model = self.config, self.model
+        was_training = model.training
+        model.eval()
+        eos_ids = self.eos_ids.to(device)
+        prompt_ids, prompt_mask = left_pad(prompts, self.pad_id, device)
+        cache = DynamicCache(config=model.config)
+        out = model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask.long(),
+            position_ids=position_ids_from_mask(prompt_mask),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        logits = out.logits[:, -1].repeat_interleave(num_samples, dim=0)
+        if num_samples > 1:
+            cache.batch_repeat_interleave(num_samples)
+        prompt_ids = prompt_ids.repeat_interleave(num_samples, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(num_samples, dim=0)
+        batch = prompt_ids.shape[0]
+        attention_mask = prompt_mask.long()
+        positions = position_ids_from_mask(prompt_mask)[:, -1:]
+
+        tokens, logprobs = [], []
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        ended = torch.zeros(batch, dtype=torch.bool, device=device)
+        lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        for t in range(cfg.max_new_tokens):
+            logits = logits.float()
+            if t < cfg.min_new_tokens:
+                logits[:, eos_ids] = float("-inf")
+            next_tokens = sample_from_logits(filter_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p), generator)
+            token_logprobs = logits.gather(-1, next_tokens[:, None]).squeeze(-1) - logits.logsumexp(-1)
+            next_tokens = next_tokens.masked_fill(finished, self.pad_id)
+            tokens.append(next_tokens)
+            logprobs.append(token_logprobs.masked_fill(finished, 0.0))
+            lengths += ~finished
+            now_ended = ~finished & torch.isin(next_tokens, eos_ids)
+            if cfg.end_strings and t + 1 >= cfg.min_new_tokens:
+                now_ended |= ~finished & self._hits_end_string(tokens, lengths)
+            ended |= now_ended
+            finished |= now_ended
+            if finished.all() or t + 1 == cfg.max_new_tokens:
+                break
+            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
+            positions = positions + 1
+            logits = model(
+                input_ids=next_tokens[:, None],
+                attention_mask=attention_mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
+        model.train(was_training)
+
+        response_ids = torch.stack(tokens, dim=1)
+        response_mask = torch.arange(response_ids.shape[1], device=device)[None, :] < lengths[:, None]
+        return GenerationOutput(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=response_ids,
+            response_mask=response_mask,
+            logprobs=torch.stack(logprobs, dim=1),
+            is_end=ended,
+            group_ids=torch.empty(0, dtype=torch.long),
+            responses=self.tokenizer.batch_decode(
+                [ids[m].tolist() for ids, m in zip(response_ids, response_mask)], skip_special_tokens=True
+            ),
+        )
+
+    def _hits_end_string(self, tokens: list[torch.Tensor], lengths: torch.Tensor) -> torch.Tensor:
+        """Rows whose response now ends with one of the end strings (checked on the last few tokens only)."""
+        window = torch.stack(tokens[-self._end_window :], dim=1).tolist()
+        n = len(window[0])
+        hits = []
+        for row, length in zip(window, lengths.tolist()):
+            text = self.tokenizer.decode(row[n - min(n, length) :], skip_special_tokens=True)
+            hits.append(any(text.endswith(s) for s in self.config.end_strings))
+        return torch.tensor(hits, device=lengths.device)
+
+
+def _concat(chunks: list[GenerationOutput], pad_id: int) -> GenerationOutput:
+    """Join chunks whose prompt and response widths differ: prompts pad on the left, responses on the right."""
+    p = max(c.prompt_ids.shape[1] for c in chunks)
+    t = max(c.response_ids.shape[1] for c in chunks)
+
+    def pad(x: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
+        extra = width - x.shape[1]
+        return torch.nn.functional.pad(x, (extra, 0) if left else (0, extra), value=value)
+
+    return GenerationOutput(
+        prompt_ids=torch.cat([pad(c.prompt_ids, p, pad_id, True) for c in chunks]),
+        prompt_mask=torch.cat([pad(c.prompt_mask, p, False, True) for c in chunks]),
+        response_ids=torch.cat([pad(c.response_ids, t, pad_id, False) for c in chunks]),
+        response_mask=torch.cat([pad(c.response_mask, t, False, False) for c in chunks]),
+        logprobs=torch.cat([pad(c.logprobs, t, 0.0, False) for c in chunks]),
+        is_end=torch.cat([c.is_end for c in chunks]),
+        group_ids=torch.empty(0, dtype=torch.long),
+        responses=[r for c in chunks for r in c.responses],
+    )

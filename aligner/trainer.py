@@ -1,0 +1,431 @@
+"""The REINFORCE / RLOO trainer: NeMo-Aligner's critic-free RLHF loop in plain PyTorch.
+
+    aligner train --config demo_assets/reinforce.yaml            # a run
+    aligner train --config demo_assets/reinforce.yaml --resume   # continue exactly from the newest checkpoint
+
+A step: draw `num_prompts_per_step` prompts, sample `num_rollouts_per_prompt` responses for each, score them,
+compute the KL to the frozen initial policy, the RLOO baseline and the advantages, then one AdamW step over the
+batch in micro-batches. Lifecycle: `setup` -> `fit` (-> `rollout`, `optimise`, `validate`, `save_checkpoint`);
+`load_checkpoint` restores everything a step depends on, so 2 steps + resume + 2 steps equals 4 steps.
+
+SIGTERM or a first Ctrl-C stops the run at the next step boundary with a checkpoint saved.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aligner.algorithms.reinforce import (
+    advantages_from_baseline,
+    kl_penalty,
+    reinforce_loss,
+    response_loss_mask,
+    rewards_with_kl,
+    rloo_baseline,
+)
+from aligner.config import TrainConfig, save_config
+from aligner.data import PromptDataset, PromptSampler, build_prompt_dataset, read_prompt_file
+from aligner.generation import GenerationOutput, TorchGenerator
+from aligner.metrics import RunLog, Timers
+from aligner.models import (
+    ReferencePolicy,
+    eos_token_ids,
+    load_policy,
+    load_tokenizer,
+    resolve_device,
+    response_logprobs,
+    save_policy,
+)
+from aligner.rewards import build_reward_client
+
+CHECKPOINT_DIR = "checkpoints"
+FINAL_POLICY_DIR = "final_policy"
+STATE_FILE = "trainer_state.pt"
+VALIDATION_SEED_OFFSET = 7_919  # validation samples with its own fixed noise, the same at every validation
+
+
+class RunDirError(RuntimeError):
+    """A run directory that does not fit the request (existing checkpoints without --resume, ...)."""
+
+
+@dataclass
+class Rollout:
+    """Everything the optimiser needs from one step's samples, plus what gets logged."""
+
+    input_ids: torch.Tensor  # [B, P+T] left-padded prompt | right-padded response
+    attention_mask: torch.Tensor  # [B, P+T]
+    loss_mask: torch.Tensor  # [B, T] float
+    advantages: torch.Tensor  # [B]
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (an unfinished one is a `.tmp` folder and never listed)."""
+    folder = run_dir / CHECKPOINT_DIR
+    found = [p for p in folder.glob("step_*") if p.is_dir() and (p / STATE_FILE).is_file()] if folder.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+
+
+def lr_multiplier(step: int, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
+    """Linear warmup to 1 over `warmup_steps`, then cosine decay to `min_ratio` at `max_steps`."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _trim(input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response: int):
+    """Drop columns that are padding in every row: leading prompt padding and trailing response padding."""
+    prompt_width = input_ids.shape[1] - num_response
+    first = int(attention_mask[:, :prompt_width].any(0).long().argmax())
+    t = max(1, int(attention_mask[:, prompt_width:].sum(-1).max()))
+    end = prompt_width + t
+    return input_ids[:, first:end], attention_mask[:, first:end], t
+
+
+class ReinforceTrainer:
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        self.run_dir = Path(config.run_dir)
+        self.step = 0
+        self.timers = Timers()
+        self._stop_requested = False
+
+    # ----------------------------------------------------------------------------------------------- setup
+    def setup(self, resume: bool = False) -> None:
+        cfg = self.config
+        # Input that can be wrong is checked before any model loads.
+        train_records = read_prompt_file(cfg.data.train_file)
+        val_records = read_prompt_file(cfg.data.val_file)
+        checkpoints = list_checkpoints(self.run_dir)
+        if checkpoints and not resume:
+            raise RunDirError(
+                f"run_dir {self.run_dir} already holds checkpoints (newest: {checkpoints[-1].name}); "
+                "pass --resume to continue it, or choose another run_dir"
+            )
+        if resume and not checkpoints:
+            print(f"no checkpoint in {self.run_dir}: starting from the beginning", file=sys.stderr)
+        self.device = resolve_device(cfg.model.device)
+        if cfg.model.num_threads:
+            torch.set_num_threads(cfg.model.num_threads)
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        self.reward_client = build_reward_client(cfg.reward, device=self.device)
+
+        _quiet_transformers()
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.policy_path)
+        self.train_data = build_prompt_dataset(
+            train_records, self.tokenizer, cfg.data.apply_chat_template, cfg.data.max_prompt_length
+        )
+        self.val_data = build_prompt_dataset(
+            val_records, self.tokenizer, cfg.data.apply_chat_template, cfg.data.max_prompt_length
+        )
+        for name, data in (("training", self.train_data), ("validation", self.val_data)):
+            if data.num_truncated:
+                print(
+                    f"{data.num_truncated} {name} prompts kept only their last {cfg.data.max_prompt_length} "
+                    "tokens (data.max_prompt_length)",
+                    file=sys.stderr,
+                )
+
+        self.policy = load_policy(cfg.model.policy_path, cfg.model.dtype, self.device, cfg.model.attn_implementation)
+        # Built from the initial weights before any checkpoint is loaded: the KL is always to the SFT policy.
+        self.reference = ReferencePolicy(self.policy)
+        if cfg.model.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable()
+        self.generator = TorchGenerator(
+            self.policy, self.tokenizer, cfg.generation, eos_token_ids(self.policy, self.tokenizer)
+        )
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(),
+            lr=cfg.optim.lr,
+            betas=cfg.optim.betas,
+            eps=cfg.optim.eps,
+            weight_decay=cfg.optim.weight_decay,
+        )
+        min_ratio = cfg.optim.min_lr / cfg.optim.lr
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_multiplier(s, cfg.optim.warmup_steps, cfg.trainer.max_steps, min_ratio),
+        )
+        self.sampler = PromptSampler(len(self.train_data), cfg.seed, cfg.data.shuffle)
+        if resume and checkpoints:
+            self.load_checkpoint(checkpoints[-1])
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.run_dir / "config.yaml")
+        self.log = RunLog(self.run_dir, resume_step=self.step if (resume and checkpoints) else None)
+
+    @property
+    def final_policy_dir(self) -> Path:
+        return self.run_dir / FINAL_POLICY_DIR
+
+    # ----------------------------------------------------------------------------------------------- the loop
+    def fit(self) -> None:
+        cfg = self.config.trainer
+        from tqdm.auto import tqdm
+
+        bar = tqdm(
+            total=cfg.max_steps, initial=self.step, desc="reinforce", disable=not cfg.progress_bar, dynamic_ncols=True
+        )
+        with _stop_on_signals(self):
+            if self.step == 0:
+                self.log.log_metrics(0, self.validate())
+            while self.step < cfg.max_steps and not self._stop_requested:
+                prompt_indices = self.sampler.next_batch(self.config.reinforce.num_prompts_per_step)
+                rollout = self.rollout(prompt_indices, self.train_data)
+                metrics = {**rollout.metrics, **self.optimise(rollout)}
+                self.step += 1
+                last = self.step == cfg.max_steps
+                if self.step % cfg.val_check_interval == 0 or last:
+                    metrics.update(self.validate())
+                metrics.update(self.timers.pop())
+                self.log.log_metrics(self.step, metrics)
+                self.log.log_samples(rollout.samples[: cfg.train_samples_to_log])
+                if self.step % cfg.save_interval == 0 or last or self._stop_requested:
+                    self.save_checkpoint()
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{metrics['train_rollouts/rewards']:.3f}",
+                    kl=f"{metrics['train_rollouts/init_policy_kl']:.4f}",
+                )
+        bar.close()
+        if self.step >= cfg.max_steps:
+            save_policy(self.policy, self.tokenizer, self.final_policy_dir)
+        else:
+            print(f"stopped at step {self.step}; continue with --resume", file=sys.stderr)
+        self.reward_client.close()
+
+    def request_stop(self) -> None:
+        """Finish the current step, save a checkpoint, and return from `fit`."""
+        self._stop_requested = True
+
+    # ----------------------------------------------------------------------------------------------- rollout
+    def _sampling_seed(self, step: int) -> int:
+        # Derived from the step, so a resumed run samples exactly what an uninterrupted one would.
+        return self.config.seed * 1_000_003 + step
+
+    def _score(self, gen: GenerationOutput, data: PromptDataset, prompt_indices: list[int]):
+        """Start the reward request; prompts and metadata repeat for each sample of their prompt."""
+        per_sample = [prompt_indices[g] for g in gen.group_ids.tolist()]
+        prompts = [data.texts[i] for i in per_sample]
+        with self.timers.time("reward"):
+            future = self.reward_client.submit(prompts, gen.responses, [data.metadata[i] for i in per_sample])
+        return prompts, future
+
+    @torch.no_grad()
+    def _logprobs(self, fn, input_ids, attention_mask, num_response) -> torch.Tensor:
+        """Log-probs of the response tokens in micro-batches, padded back to the full response width."""
+        out = torch.zeros(input_ids.shape[0], num_response, device=input_ids.device)
+        step = self.config.optim.micro_batch_size
+        for start in range(0, input_ids.shape[0], step):
+            ids, mask, t = _trim(input_ids[start : start + step], attention_mask[start : start + step], num_response)
+            out[start : start + step, :t] = fn(ids, mask, t)
+        return out
+
+    def rollout(self, prompt_indices: list[int], data: PromptDataset) -> Rollout:
+        cfg = self.config.reinforce
+        with self.timers.time("generate"):
+            gen = self.generator.generate(
+                [data.token_ids[i] for i in prompt_indices],
+                cfg.num_rollouts_per_prompt,
+                self._sampling_seed(self.step),
+            )
+        prompts, future = self._score(gen, data, prompt_indices)
+        input_ids, attention_mask = gen.sequences()
+        num_response = gen.response_ids.shape[1]
+        with self.timers.time("logprobs"):
+            if cfg.use_generation_logprobs:
+                logprobs = gen.logprobs
+            else:
+                self.policy.eval()
+                logprobs = self._logprobs(
+                    lambda i, m, t: response_logprobs(self.policy, i, m, t), input_ids, attention_mask, num_response
+                )
+        with self.timers.time("init_logprobs"):
+            ref_logprobs = self._logprobs(self.reference.logprobs, input_ids, attention_mask, num_response)
+        with self.timers.time("reward"):
+            rewards = future.result().to(logprobs.device)
+
+        kl = kl_penalty(logprobs, ref_logprobs, gen.response_mask, estimator=cfg.kl_estimator)
+        shaped = rewards_with_kl(rewards, kl, cfg.initial_policy_kl_penalty)
+        if cfg.baseline == "rloo":
+            baseline = rloo_baseline(shaped, gen.group_ids, gen.is_end)
+        else:
+            baseline = torch.zeros_like(shaped)
+        advantages = advantages_from_baseline(shaped, baseline, normalize=cfg.normalize_advantages)
+        lengths = gen.response_lengths.float()
+        metrics = {
+            "train_rollouts/rewards": rewards.mean().item(),
+            "train_rollouts/rewards_with_kl": shaped.mean().item(),
+            "train_rollouts/init_policy_kl": kl.mean().item(),
+            "train_rollouts/baseline": baseline.mean().item(),
+            "train_rollouts/response_lengths": lengths.mean().item(),
+            "train_rollouts/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
+        }
+        samples = _sample_rows(self.step + 1, "train", prompts, gen, rewards, kl, advantages)
+        return Rollout(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            loss_mask=response_loss_mask(gen.response_mask, gen.is_end, cfg.exclude_truncated),
+            advantages=advantages,
+            metrics=metrics,
+            samples=samples,
+        )
+
+    # ----------------------------------------------------------------------------------------------- optimise
+    def optimise(self, rollout: Rollout) -> dict[str, float]:
+        cfg = self.config
+        aggregation = cfg.reinforce.loss_aggregation
+        self.policy.train()
+        num_response = rollout.loss_mask.shape[1]
+        normalizer = rollout.loss_mask.sum() if aggregation == "token_mean" else (rollout.loss_mask.sum(-1) > 0).sum()
+        # Every micro-batch divides by the count over the whole batch, so the summed gradients are the batch's.
+        normalizer = normalizer.clamp(min=1)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.zero_grad(set_to_none=True)
+        total_loss = 0.0
+        with self.timers.time("train"):
+            step = cfg.optim.micro_batch_size
+            for start in range(0, rollout.input_ids.shape[0], step):
+                rows = slice(start, start + step)
+                ids, mask, t = _trim(rollout.input_ids[rows], rollout.attention_mask[rows], num_response)
+                logprobs = response_logprobs(self.policy, ids, mask, t)
+                loss = reinforce_loss(
+                    logprobs, rollout.advantages[rows], rollout.loss_mask[rows, :t], aggregation, normalizer
+                )
+                loss.backward()
+                total_loss += loss.item()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.generator.update_weights(self.policy)
+        return {"train_optim/loss": total_loss, "train_optim/grad_norm": grad_norm.item(), "train_optim/lr": lr}
+
+    # ----------------------------------------------------------------------------------------------- validate
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Rewards of one sample per fixed validation prompt, with the same sampling noise every time."""
+        n = min(self.config.trainer.num_val_prompts or len(self.val_data), len(self.val_data))
+        indices = list(range(n))
+        gen = self.generator.generate(
+            [self.val_data.token_ids[i] for i in indices], 1, self.config.seed * 1_000_003 + VALIDATION_SEED_OFFSET
+        )
+        prompts, future = self._score(gen, self.val_data, indices)
+        input_ids, attention_mask = gen.sequences()
+        ref = self._logprobs(self.reference.logprobs, input_ids, attention_mask, gen.response_ids.shape[1])
+        kl = kl_penalty(gen.logprobs, ref, gen.response_mask, estimator=self.config.reinforce.kl_estimator)
+        rewards = future.result()
+        self.log.log_samples(_sample_rows(self.step, "validation", prompts, gen, rewards, kl, None))
+        self.timers.seconds.pop("reward", None) if self.step == 0 else None
+        return {
+            "val/rewards": rewards.mean().item(),
+            "val/response_lengths": gen.response_lengths.float().mean().item(),
+            "val/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
+        }
+
+    # ----------------------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Path:
+        """Policy (HF format), optimiser, scheduler, RNG states, data position and counters, written atomically."""
+        final = self.run_dir / CHECKPOINT_DIR / f"step_{self.step:06d}"
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_policy(self.policy, self.tokenizer, tmp / "policy")
+        state = {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                "python": random.getstate(),
+            },
+        }
+        torch.save(state, tmp / STATE_FILE)
+        save_config(self.config, tmp / "config.yaml")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        keep = self.config.trainer.keep_checkpoints
+        if keep:
+            for old in list_checkpoints(self.run_dir)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def load_checkpoint(self, path: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        saved = AutoModelForCausalLM.from_pretrained(str(path / "policy"), dtype=self.policy.dtype)
+        self.policy.load_state_dict(saved.state_dict())
+        del saved
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if state["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        random.setstate(state["rng"]["python"])
+        self.step = state["step"]
+        print(f"resumed from {path} at step {self.step}", file=sys.stderr)
+
+
+def _sample_rows(step, split, prompts, gen: GenerationOutput, rewards, kl, advantages) -> list[dict[str, Any]]:
+    rows = []
+    for i, (prompt, response) in enumerate(zip(prompts, gen.responses)):
+        rows.append(
+            {
+                "step": step,
+                "split": split,
+                "prompt": prompt,
+                "response": response,
+                "reward": float(rewards[i]),
+                "kl": float(kl[i]),
+                "advantage": None if advantages is None else float(advantages[i]),
+                "is_end": bool(gen.is_end[i]),
+            }
+        )
+    return rows
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+class _stop_on_signals:
+    """SIGTERM and a first Ctrl-C request a stop at the next step boundary; a second Ctrl-C interrupts at once."""
+
+    def __init__(self, trainer: ReinforceTrainer):
+        self.trainer, self.previous = trainer, {}
+
+    def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.trainer._stop_requested:
+            raise KeyboardInterrupt
+        print(
+            f"\nsignal {signal.Signals(signum).name}: stopping after this step (checkpoint follows)", file=sys.stderr
+        )
+        self.trainer.request_stop()
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)

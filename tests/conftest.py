@@ -1,0 +1,62 @@
+"""Shared fixtures: a tiny tokenizer and Llama policy built locally from configs (no model hub)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+CORPUS = [
+    "the cat is happy and kind.",
+    "the dog is sad and slow.",
+    "a bird can sing a bright song.",
+    "the old river runs to the sea.",
+    "tell me about the cat.",
+    "describe the dog.",
+] * 20
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def build_tiny_policy(out_dir: Path, chat_template: bool = True, seed: int = 0) -> Path:
+    """A ~100k-parameter Llama and a byte-level BPE tokenizer, saved as a Hugging Face folder."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<pad>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    if chat_template:
+        tokenizer.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_policy_dir(tmp_path_factory) -> Path:
+    return build_tiny_policy(tmp_path_factory.mktemp("tiny_policy"))
