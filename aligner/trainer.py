@@ -172,7 +172,8 @@ class ReinforceTrainer:
         return self.run_dir / FINAL_POLICY_DIR
 
     # ----------------------------------------------------------------------------------------------- the loop
-    def fit(self) -> None:
+    def fit(self, until_step: int | None = None) -> None:
+        """Train to `trainer.max_steps`, or stop early at `until_step` with a checkpoint (as a cancel would)."""
         cfg = self.config.trainer
         from tqdm.auto import tqdm
 
@@ -189,10 +190,13 @@ class ReinforceTrainer:
                 self.step += 1
                 last = self.step == cfg.max_steps
                 if self.step % cfg.val_check_interval == 0 or last:
-                    metrics.update(self.validate())
+                    with self.timers.time("validate"):
+                        metrics.update(self.validate())
                 metrics.update(self.timers.pop())
                 self.log.log_metrics(self.step, metrics)
                 self.log.log_samples(rollout.samples[: cfg.train_samples_to_log])
+                if until_step is not None and self.step >= until_step:
+                    self.request_stop()
                 if self.step % cfg.save_interval == 0 or last or self._stop_requested:
                     self.save_checkpoint()
                 bar.update(1)
@@ -220,8 +224,7 @@ class ReinforceTrainer:
         """Start the reward request; prompts and metadata repeat for each sample of their prompt."""
         per_sample = [prompt_indices[g] for g in gen.group_ids.tolist()]
         prompts = [data.texts[i] for i in per_sample]
-        with self.timers.time("reward"):
-            future = self.reward_client.submit(prompts, gen.responses, [data.metadata[i] for i in per_sample])
+        future = self.reward_client.submit(prompts, gen.responses, [data.metadata[i] for i in per_sample])
         return prompts, future
 
     @torch.no_grad()
@@ -242,7 +245,8 @@ class ReinforceTrainer:
                 cfg.num_rollouts_per_prompt,
                 self._sampling_seed(self.step),
             )
-        prompts, future = self._score(gen, data, prompt_indices)
+        with self.timers.time("reward"):
+            prompts, future = self._score(gen, data, prompt_indices)
         input_ids, attention_mask = gen.sequences()
         num_response = gen.response_ids.shape[1]
         with self.timers.time("logprobs"):
@@ -328,7 +332,6 @@ class ReinforceTrainer:
         kl = kl_penalty(gen.logprobs, ref, gen.response_mask, estimator=self.config.reinforce.kl_estimator)
         rewards = future.result()
         self.log.log_samples(_sample_rows(self.step, "validation", prompts, gen, rewards, kl, None))
-        self.timers.seconds.pop("reward", None) if self.step == 0 else None
         return {
             "val/rewards": rewards.mean().item(),
             "val/response_lengths": gen.response_lengths.float().mean().item(),

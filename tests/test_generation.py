@@ -1,0 +1,122 @@
+import pytest
+import torch
+
+from aligner.config import GenerationConfig
+from aligner.generation import TorchGenerator, filter_logits, sample_from_logits
+from aligner.models import eos_token_ids, load_policy, load_tokenizer, response_logprobs
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_policy_dir):
+    tokenizer = load_tokenizer(tiny_policy_dir)
+    model = load_policy(tiny_policy_dir)
+    return model, tokenizer
+
+
+def make(policy, eos_boost=0.0, **gen):
+    model, tokenizer = policy
+    eos = eos_token_ids(model, tokenizer)
+    return TorchGenerator(model, tokenizer, GenerationConfig(**gen), eos), eos
+
+
+@pytest.fixture
+def eos_boost(policy):
+    """Make EOS likely (about one token in three), so responses end within a few tokens."""
+    model, tokenizer = policy
+    bias = torch.zeros(model.config.vocab_size)
+    bias[tokenizer.eos_token_id] = 6.0
+    handle = model.lm_head.register_forward_hook(lambda module, args, out: out + bias)
+    yield
+    handle.remove()
+
+
+def prompts(tokenizer):
+    return [tokenizer("tell me about the cat.")["input_ids"], tokenizer("dog")["input_ids"]]
+
+
+def test_layout_groups_and_logprobs_match_a_full_forward(policy, eos_boost):
+    model, tokenizer = policy
+    gen, eos = make(policy, max_new_tokens=12)
+    out = gen.generate(prompts(tokenizer), num_samples=3, seed=0)
+    assert out.response_ids.shape[0] == 6 and out.group_ids.tolist() == [0, 0, 0, 1, 1, 1]
+    # Samples of one prompt share its (left-padded) prompt.
+    assert torch.equal(out.prompt_ids[0], out.prompt_ids[2]) and out.prompt_mask[3].sum() == len(
+        tokenizer("dog")["input_ids"]
+    )
+    ids, mask = out.sequences()
+    full = response_logprobs(model, ids, mask.long(), out.response_ids.shape[1])
+    torch.testing.assert_close(full * out.response_mask, out.logprobs, atol=1e-5, rtol=1e-5)
+    for row in range(6):
+        length = int(out.response_lengths[row])
+        tokens = out.response_ids[row]
+        assert bool(out.is_end[row]) == (tokens[length - 1].item() in eos)  # ends exactly at EOS
+        assert (tokens[length:] == tokenizer.pad_token_id).all()
+        assert not torch.isin(tokens[: length - 1], torch.tensor(eos)).any()
+        assert out.is_end[row] or length == 12  # not ended means truncated at the cap
+    assert out.is_end.any() and len(out.responses) == 6
+
+
+def test_same_seed_same_samples_and_other_seed_differs(policy):
+    gen, _ = make(policy, max_new_tokens=10)
+    p = prompts(policy[1])
+    a, b, c = gen.generate(p, 4, seed=1), gen.generate(p, 4, seed=1), gen.generate(p, 4, seed=2)
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert not torch.equal(a.response_ids, c.response_ids)
+
+
+def test_top_k_1_is_greedy_decoding(policy):
+    model, tokenizer = policy
+    gen, _ = make(policy, max_new_tokens=8, top_k=1)
+    ids = prompts(tokenizer)[0]
+    out = gen.generate([ids], 2, seed=0)
+    reference = model.generate(
+        torch.tensor([ids]), max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id
+    )[0, len(ids) :]
+    n = min(len(reference), int(out.response_lengths[0]))
+    assert out.response_ids[0, :n].tolist() == reference[:n].tolist()
+    assert torch.equal(out.response_ids[0], out.response_ids[1])
+
+
+def test_min_new_tokens_blocks_early_eos(policy, eos_boost):
+    gen, _ = make(policy, max_new_tokens=12, min_new_tokens=5)
+    out = gen.generate(prompts(policy[1]), 8, seed=3)
+    assert (out.response_lengths >= 5).all()
+    assert out.is_end.any()
+
+
+def test_end_strings_stop_a_response(policy):
+    model, tokenizer = policy
+    gen, _ = make(policy, max_new_tokens=30, top_k=1)
+    greedy = gen.generate(prompts(tokenizer)[:1], 1, seed=0).responses[0]
+    stop = greedy[3:5]  # a string the greedy response is certain to produce
+    gen_stop, _ = make(policy, max_new_tokens=30, top_k=1, end_strings=[stop])
+    out = gen_stop.generate(prompts(tokenizer)[:1], 1, seed=0)
+    assert out.is_end[0] and out.responses[0].endswith(stop)
+    assert len(out.responses[0]) < len(greedy)
+
+
+def test_prompts_are_processed_in_chunks(policy):
+    gen, _ = make(policy, max_new_tokens=6, batch_size=1)
+    out = gen.generate(prompts(policy[1]), 2, seed=0)
+    assert out.response_ids.shape[0] == 4 and out.group_ids.tolist() == [0, 0, 1, 1]
+    assert out.prompt_ids.shape == out.prompt_mask.shape
+
+
+def test_filter_logits_by_hand():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    top2 = filter_logits(logits, 1.0, 2, 1.0)
+    assert torch.isinf(top2[0, 2:]).all() and torch.isfinite(top2[0, :2]).all()
+    # top_p 0.7: 0.5 is kept (mass before it 0), 0.3 kept (0.5 < 0.7), 0.15 dropped (0.8 >= 0.7).
+    nucleus = filter_logits(logits, 1.0, 0, 0.7)
+    assert torch.isfinite(nucleus[0, :2]).all() and torch.isinf(nucleus[0, 2:]).all()
+    # Temperature 2 halves the logits.
+    torch.testing.assert_close(filter_logits(logits, 2.0, 0, 1.0), logits / 2)
+
+
+def test_inverse_cdf_sampling_follows_the_distribution():
+    probs = torch.tensor([0.1, 0.6, 0.0, 0.3])
+    logits = probs.log().expand(20000, 4)
+    draws = sample_from_logits(logits, torch.Generator().manual_seed(0))
+    freq = torch.bincount(draws, minlength=4).float() / 20000
+    assert freq[2] == 0
+    torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
