@@ -1,0 +1,208 @@
+"""Time one REINFORCE / RLOO step of Aligner on a fixed tiny workload.
+
+    .venv/bin/python bench/rloo_step.py                 # table
+    .venv/bin/python bench/rloo_step.py --json          # one JSON line: s_per_step, samples_per_s, tokens_per_s
+    .venv/bin/python bench/rloo_step.py --trl-python /work/trl-env/bin/python   # alternate with TRL's RLOOTrainer
+
+Workload (the same as bench/trl_rloo_step.py): a Llama-shaped policy (hidden 128, 4 layers, 4 heads, vocab 512,
+about 2M parameters, fp32, random init), 8 prompts x 4 samples per step, exactly 32 new tokens per sample, a
+reward function (negligible cost), KL to the reference policy on, one optimiser step per rollout, 2 threads.
+Steps after the warm-up are timed; the median is reported. With --trl-python the two are run alternately, one
+process each, `--rounds` times, so both see the same machine load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROMPTS = 8
+SAMPLES = 4
+NEW_TOKENS = 32
+WORDS = [
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "bird",
+    "river",
+    "sea",
+    "song",
+    "old",
+    "happy",
+    "sad",
+    "kind",
+    "slow",
+    "bright",
+    "runs",
+    "sings",
+    "to",
+    "of",
+    "and",
+    "is",
+]
+
+
+def letter_reward(prompts: list[str], responses: list[str]) -> list[float]:
+    return [r.count("e") / max(1, len(r)) for r in responses]
+
+
+def build_workload(folder: Path) -> Path:
+    """Tokenizer (byte-level BPE, vocab 512), random tiny Llama, prompt files, config; returns the config path."""
+    import random
+
+    import torch
+    import yaml
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    rng = random.Random(0)
+    corpus = [" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(2000)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=512,
+            special_tokens=["<pad>", "<s>", "</s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        max_position_embeddings=256,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    policy = folder / "policy"
+    LlamaForCausalLM(config).save_pretrained(str(policy))
+    tokenizer.save_pretrained(str(policy))
+    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 10))) for _ in range(256)]
+    (folder / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    cfg = {
+        "run_dir": str(folder / "run"),
+        "model": {"policy_path": str(policy), "num_threads": 2},
+        "data": {"train_file": str(folder / "prompts.jsonl"), "val_file": str(folder / "prompts.jsonl")},
+        "reward": {"function": "rloo_step:letter_reward"},
+        "generation": {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS},
+        "reinforce": {"num_prompts_per_step": PROMPTS, "num_rollouts_per_prompt": SAMPLES},
+        "optim": {"lr": 1e-4, "warmup_steps": 0, "micro_batch_size": PROMPTS * SAMPLES},
+        "trainer": {"max_steps": 10_000, "val_check_interval": 10_000, "save_interval": 10_000, "progress_bar": False},
+    }
+    path = folder / "bench.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_aligner(steps: int, warmup: int) -> dict:
+    """Time `steps` steps after `warmup` in this process."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from aligner.config import load_config
+    from aligner.trainer import ReinforceTrainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = ReinforceTrainer(load_config(build_workload(Path(tmp))))
+        trainer.setup()
+        times, phases, lengths = [], [], []
+        for i in range(warmup + steps):
+            indices = trainer.sampler.next_batch(PROMPTS)
+            start = time.perf_counter()
+            rollout = trainer.rollout(indices, trainer.train_data)
+            trainer.optimise(rollout)
+            elapsed = time.perf_counter() - start
+            trainer.step += 1
+            split = trainer.timers.pop()
+            if i >= warmup:
+                times.append(elapsed)
+                phases.append(split)
+                lengths.append(rollout.metrics["train_rollouts/response_lengths"])
+    s = statistics.median(times)
+    tokens = statistics.mean(lengths) * PROMPTS * SAMPLES
+    return {
+        "engine": "aligner",
+        "s_per_step": s,
+        "samples_per_s": PROMPTS * SAMPLES / s,
+        "tokens_per_s": tokens / s,
+        "steps": steps,
+        "phases": {k: statistics.median(p[k] for p in phases) for k in phases[0]},
+    }
+
+
+def run_child(cmd: list[str]) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument("--trl-python", help="python of an environment with TRL: alternate runs with TRL")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds with --trl-python")
+    args = parser.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    if not args.trl_python:
+        result = run_aligner(args.steps, args.warmup)
+        if args.json:
+            print(json.dumps({k: result[k] for k in ("s_per_step", "samples_per_s", "tokens_per_s", "steps")}))
+        else:
+            print(f"{'s/step':>8} {'samples/s':>10} {'tokens/s':>10}   phase medians (s)")
+            phases = "  ".join(f"{k.removeprefix('timers/')}={v:.3f}" for k, v in result["phases"].items())
+            speed = f"{result['s_per_step']:8.3f} {result['samples_per_s']:10.1f} {result['tokens_per_s']:10.0f}"
+            print(f"{speed}   {phases}")
+        return
+
+    here = Path(__file__).resolve()
+    ours = [sys.executable, str(here), "--json", "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    trl = [
+        args.trl_python,
+        str(here.with_name("trl_rloo_step.py")),
+        "--json",
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+    ]
+    rows = []
+    for r in range(args.rounds):
+        for name, cmd in (("aligner", ours), ("trl", trl)):
+            result = run_child(cmd)
+            rows.append({"round": r, "engine": name, **{k: result[k] for k in ("s_per_step", "samples_per_s")}})
+            if not args.json:
+                print(
+                    f"round {r} {name:8s} {result['s_per_step']:.3f} s/step {result['samples_per_s']:.1f} samples/s",
+                    flush=True,
+                )
+    med = {e: statistics.median(x["samples_per_s"] for x in rows if x["engine"] == e) for e in ("aligner", "trl")}
+    summary = {
+        "aligner_samples_per_s": med["aligner"],
+        "trl_samples_per_s": med["trl"],
+        "speedup": med["aligner"] / med["trl"],
+        "rounds": args.rounds,
+    }
+    print(
+        json.dumps(summary)
+        if args.json
+        else f"median samples/s: aligner {med['aligner']:.1f}, trl {med['trl']:.1f}, speedup {summary['speedup']:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
