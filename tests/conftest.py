@@ -60,3 +60,11 @@ def build_tiny_policy(out_dir: Path, chat_template: bool = True, seed: int = 0) 
 @pytest.fixture(scope="session")
 def tiny_policy_dir(tmp_path_factory) -> Path:
     return build_tiny_policy(tmp_path_factory.mktemp("tiny_policy"))
+
+
+@pytest.fixture(scope="session")
+def demo_assets_dir(tmp_path_factory) -> Path:
+    """The full demo folder of `aligner demo-assets` (about a minute to build): slow tests only."""
+    from aligner.demo import build_demo_assets
+
+    return build_demo_assets(tmp_path_factory.mktemp("demo") / "assets", seed=0, progress=False).parent

@@ -187,10 +187,10 @@ def test_rejects_negative_steps(tmp_path):
 
 
 @pytest.mark.slow
-def test_full_build_gives_a_policy_that_writes_the_task(tmp_path):
+def test_full_build_gives_a_policy_that_writes_the_task(demo_assets_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = build_demo_assets(tmp_path / "full", progress=False).parent
+    out = demo_assets_dir
     tok = AutoTokenizer.from_pretrained(out / "policy")
     model = AutoModelForCausalLM.from_pretrained(out / "policy").eval()
     val = [_prompt_text(o) for o in _read_jsonl(out / "prompts_val.jsonl")]

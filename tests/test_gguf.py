@@ -268,3 +268,40 @@ def test_smollm2_import_reloads_and_matches_gguf(smollm2_dir):
     assert float((logits - reference).abs().max() / scale) < gguf.LOGIT_TOLERANCE["bfloat16"]
     assert (logits[0, -1].softmax(-1) - reference[0, -1].softmax(-1)).abs().max() < 0.05
     assert logits[0, -1].argmax() == reference[0, -1].argmax()
+
+
+@pytest.mark.slow
+def test_train_one_step_on_smollm2(smollm2_dir, tmp_path):
+    """`aligner train` on the imported real model, with the shipped config, shortened to one small step."""
+    import math
+
+    import torch
+    from safetensors.torch import load_file
+
+    from aligner.cli import main as cli_main
+    from aligner.metrics import read_jsonl
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "smollm2_reinforce.yaml"
+    overrides = {
+        "model.policy_path": smollm2_dir,
+        "run_dir": tmp_path / "run",
+        "trainer.max_steps": 1,
+        "trainer.num_val_prompts": 2,
+        "trainer.progress_bar": "false",
+        "reinforce.num_prompts_per_step": 2,
+        "reinforce.num_rollouts_per_prompt": 2,
+        "generation.max_new_tokens": 12,
+        "optim.lr": 1e-4,
+    }
+    args = ["train", "--config", str(config)] + [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]
+    assert cli_main(args) == 0
+
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all(math.isfinite(v) for v in rows[1].values())
+    samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
+    assert any(s["response"].strip() for s in samples)
+    before = load_file(smollm2_dir / "model.safetensors")
+    after = load_file(tmp_path / "run" / "final_policy" / "model.safetensors")
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert after[name].dtype == torch.float32 and not torch.equal(after[name], before[name].float())

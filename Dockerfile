@@ -1,0 +1,15 @@
+# Aligner image: the library and its CLI on the CPU build of torch.
+#     docker build -t aligner .
+#     docker compose run --rm demo
+FROM python:3.11-slim
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+WORKDIR /app
+# torch first, from PyTorch's CPU index: a bare `torch` from PyPI is a multi-GB CUDA build.
+RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+COPY pyproject.toml README.md ./
+COPY aligner ./aligner
+COPY worker ./worker
+COPY webapp ./webapp
+COPY configs ./configs
+RUN pip install --no-cache-dir -e '.[gguf]'
+ENTRYPOINT ["aligner"]
