@@ -39,6 +39,9 @@ class ModelConfig(Section):
         "eager", description="Attention kernel; 'eager' is faster than 'sdpa' for small models on the CPU."
     )
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; default: torch's own choice.")
+    keep_freed_memory: bool = Field(
+        True, description="On Linux, let glibc reuse freed large blocks instead of unmapping them (faster on CPU)."
+    )
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory in training.")
 
 
@@ -84,6 +87,11 @@ class GenerationConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; 1.0 keeps all.")
     end_strings: list[str] = Field(default_factory=list, description="A response ends properly at any of these.")
     batch_size: int = Field(64, ge=1, description="Prompts prefilled and decoded at once (before rollouts).")
+    fast_decode: bool = Field(
+        True,
+        description="Decode Llama-architecture models with Aligner's own step and a preallocated KV cache "
+        "(aligner/fast_decode.py); false, or another architecture, decodes through transformers' forward.",
+    )
 
     @model_validator(mode="after")
     def _lengths(self) -> GenerationConfig:

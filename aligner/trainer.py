@@ -39,11 +39,13 @@ from aligner.generation import GenerationOutput, TorchGenerator
 from aligner.metrics import RunLog, Timers
 from aligner.models import (
     ReferencePolicy,
+    ResponseBatch,
     eos_token_ids,
+    grouped_response_logprobs,
+    keep_freed_memory,
     load_policy,
     load_tokenizer,
     resolve_device,
-    response_logprobs,
     save_policy,
 )
 from aligner.rewards import build_reward_client
@@ -62,8 +64,7 @@ class RunDirError(RuntimeError):
 class Rollout:
     """Everything the optimiser needs from one step's samples, plus what gets logged."""
 
-    input_ids: torch.Tensor  # [B, P+T] left-padded prompt | right-padded response
-    attention_mask: torch.Tensor  # [B, P+T]
+    batch: ResponseBatch  # prompts (each once) and responses
     loss_mask: torch.Tensor  # [B, T] float
     advantages: torch.Tensor  # [B]
     metrics: dict[str, float] = field(default_factory=dict)
@@ -83,15 +84,6 @@ def lr_multiplier(step: int, warmup_steps: int, max_steps: int, min_ratio: float
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def _trim(input_ids: torch.Tensor, attention_mask: torch.Tensor, num_response: int):
-    """Drop columns that are padding in every row: leading prompt padding and trailing response padding."""
-    prompt_width = input_ids.shape[1] - num_response
-    first = int(attention_mask[:, :prompt_width].any(0).long().argmax())
-    t = max(1, int(attention_mask[:, prompt_width:].sum(-1).max()))
-    end = prompt_width + t
-    return input_ids[:, first:end], attention_mask[:, first:end], t
 
 
 class ReinforceTrainer:
@@ -119,6 +111,8 @@ class ReinforceTrainer:
         self.device = resolve_device(cfg.model.device)
         if cfg.model.num_threads:
             torch.set_num_threads(cfg.model.num_threads)
+        if cfg.model.keep_freed_memory and self.device.type == "cpu":
+            keep_freed_memory()
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         self.reward_client = build_reward_client(cfg.reward, device=self.device)
@@ -227,14 +221,19 @@ class ReinforceTrainer:
         future = self.reward_client.submit(prompts, gen.responses, [data.metadata[i] for i in per_sample])
         return prompts, future
 
+    def _micro_batches(self, batch: ResponseBatch):
+        """(rows, sub-batch) pairs of at most `optim.micro_batch_size` responses."""
+        size, step = batch.response_ids.shape[0], self.config.optim.micro_batch_size
+        for start in range(0, size, step):
+            rows = slice(start, start + step)
+            yield rows, batch.subset(rows)
+
     @torch.no_grad()
-    def _logprobs(self, fn, input_ids, attention_mask, num_response) -> torch.Tensor:
+    def _logprobs(self, fn, batch: ResponseBatch) -> torch.Tensor:
         """Log-probs of the response tokens in micro-batches, padded back to the full response width."""
-        out = torch.zeros(input_ids.shape[0], num_response, device=input_ids.device)
-        step = self.config.optim.micro_batch_size
-        for start in range(0, input_ids.shape[0], step):
-            ids, mask, t = _trim(input_ids[start : start + step], attention_mask[start : start + step], num_response)
-            out[start : start + step, :t] = fn(ids, mask, t)
+        out = torch.zeros(batch.response_ids.shape, device=batch.response_ids.device)
+        for rows, sub in self._micro_batches(batch):
+            out[rows, : sub.response_ids.shape[1]] = fn(sub)
         return out
 
     def rollout(self, prompt_indices: list[int], data: PromptDataset) -> Rollout:
@@ -247,18 +246,15 @@ class ReinforceTrainer:
             )
         with self.timers.time("reward"):
             prompts, future = self._score(gen, data, prompt_indices)
-        input_ids, attention_mask = gen.sequences()
-        num_response = gen.response_ids.shape[1]
+        batch = gen.response_batch()
         with self.timers.time("logprobs"):
             if cfg.use_generation_logprobs:
                 logprobs = gen.logprobs
             else:
                 self.policy.eval()
-                logprobs = self._logprobs(
-                    lambda i, m, t: response_logprobs(self.policy, i, m, t), input_ids, attention_mask, num_response
-                )
+                logprobs = self._logprobs(lambda sub: grouped_response_logprobs(self.policy, sub), batch)
         with self.timers.time("init_logprobs"):
-            ref_logprobs = self._logprobs(self.reference.logprobs, input_ids, attention_mask, num_response)
+            ref_logprobs = self._logprobs(self.reference.logprobs, batch)
         with self.timers.time("reward"):
             rewards = future.result().to(logprobs.device)
 
@@ -280,8 +276,7 @@ class ReinforceTrainer:
         }
         samples = _sample_rows(self.step + 1, "train", prompts, gen, rewards, kl, advantages)
         return Rollout(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
+            batch=batch,
             loss_mask=response_loss_mask(gen.response_mask, gen.is_end, cfg.exclude_truncated),
             advantages=advantages,
             metrics=metrics,
@@ -293,7 +288,6 @@ class ReinforceTrainer:
         cfg = self.config
         aggregation = cfg.reinforce.loss_aggregation
         self.policy.train()
-        num_response = rollout.loss_mask.shape[1]
         normalizer = rollout.loss_mask.sum() if aggregation == "token_mean" else (rollout.loss_mask.sum(-1) > 0).sum()
         # Every micro-batch divides by the count over the whole batch, so the summed gradients are the batch's.
         normalizer = normalizer.clamp(min=1)
@@ -301,14 +295,10 @@ class ReinforceTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         total_loss = 0.0
         with self.timers.time("train"):
-            step = cfg.optim.micro_batch_size
-            for start in range(0, rollout.input_ids.shape[0], step):
-                rows = slice(start, start + step)
-                ids, mask, t = _trim(rollout.input_ids[rows], rollout.attention_mask[rows], num_response)
-                logprobs = response_logprobs(self.policy, ids, mask, t)
-                loss = reinforce_loss(
-                    logprobs, rollout.advantages[rows], rollout.loss_mask[rows, :t], aggregation, normalizer
-                )
+            for rows, sub in self._micro_batches(rollout.batch):
+                logprobs = grouped_response_logprobs(self.policy, sub)
+                loss_mask = rollout.loss_mask[rows, : logprobs.shape[1]]
+                loss = reinforce_loss(logprobs, rollout.advantages[rows], loss_mask, aggregation, normalizer)
                 loss.backward()
                 total_loss += loss.item()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
@@ -327,8 +317,7 @@ class ReinforceTrainer:
             [self.val_data.token_ids[i] for i in indices], 1, self.config.seed * 1_000_003 + VALIDATION_SEED_OFFSET
         )
         prompts, future = self._score(gen, self.val_data, indices)
-        input_ids, attention_mask = gen.sequences()
-        ref = self._logprobs(self.reference.logprobs, input_ids, attention_mask, gen.response_ids.shape[1])
+        ref = self._logprobs(self.reference.logprobs, gen.response_batch())
         kl = kl_penalty(gen.logprobs, ref, gen.response_mask, estimator=self.config.reinforce.kl_estimator)
         rewards = future.result()
         self.log.log_samples(_sample_rows(self.step, "validation", prompts, gen, rewards, kl, None))

@@ -84,6 +84,16 @@ def test_min_new_tokens_blocks_early_eos(policy, eos_boost):
     assert out.is_end.any()
 
 
+def test_logprobs_are_the_policys_whatever_the_sampling_knobs(policy, eos_boost):
+    """Temperature, top-k, top-p and min_new_tokens shape the sampling, not the log-probs training sees."""
+    model, tokenizer = policy
+    gen, _ = make(policy, max_new_tokens=10, min_new_tokens=4, temperature=0.7, top_k=20, top_p=0.9)
+    out = gen.generate(prompts(tokenizer), 4, seed=1)
+    ids, mask = out.sequences()
+    full = response_logprobs(model, ids, mask, out.response_ids.shape[1])
+    torch.testing.assert_close(full * out.response_mask, out.logprobs, atol=1e-5, rtol=1e-5)
+
+
 def test_end_strings_stop_a_response(policy):
     model, tokenizer = policy
     gen, _ = make(policy, max_new_tokens=30, top_k=1)
@@ -120,3 +130,36 @@ def test_inverse_cdf_sampling_follows_the_distribution():
     freq = torch.bincount(draws, minlength=4).float() / 20000
     assert freq[2] == 0
     torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
+
+
+
+def test_fast_llama_decode_matches_transformers_decode(policy, eos_boost):
+    """Aligner's own decode step gives the samples and log-probs of transformers' forward (this policy has GQA)."""
+    from aligner.fast_decode import supports_fast_decode
+
+    model, tokenizer = policy
+    assert supports_fast_decode(model) and model.config.num_key_value_heads < model.config.num_attention_heads
+    fast, _ = make(policy, max_new_tokens=16, fast_decode=True)
+    slow, _ = make(policy, max_new_tokens=16, fast_decode=False)
+    a = fast.generate(prompts(tokenizer), num_samples=3, seed=5)
+    b = slow.generate(prompts(tokenizer), num_samples=3, seed=5)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.is_end, b.is_end)
+    assert torch.allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_other_architectures_decode_through_transformers(tiny_policy_dir):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from aligner.fast_decode import supports_fast_decode
+
+    tokenizer = load_tokenizer(tiny_policy_dir)
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=64,
+                        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    model = GPT2LMHeadModel(config).eval()
+    assert not supports_fast_decode(model)
+    gen = TorchGenerator(model, tokenizer, GenerationConfig(max_new_tokens=6), eos_token_ids(model, tokenizer))
+    out = gen.generate(prompts(tokenizer), num_samples=2, seed=0)
+    ids, mask = out.sequences()
+    full = response_logprobs(model, ids, mask, out.response_ids.shape[1])
+    assert torch.allclose(full[out.response_mask], out.logprobs[out.response_mask], atol=1e-4)
