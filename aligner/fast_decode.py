@@ -20,12 +20,22 @@ from torch.nn import functional as F
 
 
 def supports_fast_decode(model: nn.Module) -> bool:
+    """A Llama whose projections are plain, hook-free Linear layers (not LoRA-wrapped, quantised or patched).
+
+    The fast step reads their weights directly, so anything that changes what a module computes must send the
+    model through transformers instead.
+    """
     config = getattr(model, "config", None)
-    return (
-        getattr(config, "model_type", None) == "llama"
-        and hasattr(getattr(model, "model", None), "layers")
-        and not getattr(config, "pretraining_tp", 1) > 1
-    )
+    if getattr(config, "model_type", None) != "llama" or getattr(config, "pretraining_tp", 1) > 1:
+        return False
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        return False
+    linears = [model.lm_head]
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    return all(type(m) is nn.Linear and not (m._forward_hooks or m._forward_pre_hooks) for m in linears)
 
 
 class HFDecoder:
@@ -91,38 +101,40 @@ class LlamaDecoder:
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
+        """Logits [B, V] after feeding one token per row."""
         inner = self.model.model
-        batch = tokens.shape[0]
-        x = inner.embed_tokens(tokens[:, None])  # [B, 1, H]
-        cos, sin = self.cos[:, self.t : self.t + 1], self.sin[:, self.t : self.t + 1]
+        batch, nh, nkv, d = tokens.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        half = d // 2
+        x = inner.embed_tokens(tokens)  # [B, H]
+        cos, sin = self.cos[:, self.t, None], self.sin[:, self.t, None]  # [B, 1, d]
         end = self.length + 1
         bias = self.bias[:, None, None, :end]
-        group = self.num_heads // self.num_kv_heads
         for i, layer in enumerate(inner.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            q, k, v = F.linear(layer.input_layernorm(x), *self.qkv[i]).split(
-                [self.q_size, self.kv_size, self.kv_size], dim=-1
-            )
-            q = q.view(batch, 1, self.num_heads, self.head_dim).transpose(1, 2)
-            k = k.view(batch, 1, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            v = v.view(batch, 1, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            self.keys[i][:, :, self.length] = k[:, :, 0]
-            self.values[i][:, :, self.length] = v[:, :, 0]
-            keys, values = self.keys[i][:, :, :end], self.values[i][:, :, :end]
+            qkv = F.linear(_rms_norm(x, layer.input_layernorm), *self.qkv[i]).view(batch, nh + 2 * nkv, d)
+            # RoPE (transformers' rotate_half convention) on queries and keys at once.
+            qk = qkv[:, : nh + nkv]
+            qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], dim=-1) * sin
+            self.keys[i][:, :, self.length] = qk[:, nh:]
+            self.values[i][:, :, self.length] = qkv[:, nh + nkv :]
             # Query heads j*group .. (j+1)*group-1 share key/value head j, as transformers' repeat_kv lays them out.
-            q = q.reshape(batch, self.num_kv_heads, group, self.head_dim)
-            scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scaling + bias
+            q = qk[:, :nh].reshape(batch, nkv, nh // nkv, d)
+            scores = torch.matmul(q, self.keys[i][:, :, :end].transpose(-1, -2)) * self.scaling + bias
             probs = scores.softmax(-1, dtype=torch.float32).to(q.dtype)
-            out = torch.matmul(probs, values).reshape(batch, 1, self.num_heads * self.head_dim)
-            x = x + attn.o_proj(out)
-            gate, up = F.linear(layer.post_attention_layernorm(x), *self.gate_up[i]).chunk(2, dim=-1)
-            x = x + mlp.down_proj(mlp.act_fn(gate) * up)
+            out = torch.matmul(probs, self.values[i][:, :, :end]).reshape(batch, nh * d)
+            x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+            gate, up = F.linear(_rms_norm(x, layer.post_attention_layernorm), *self.gate_up[i]).chunk(2, dim=-1)
+            x = x + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
         self.length += 1
         self.t += 1
-        return self.model.lm_head(inner.norm(x))[:, -1]
+        return F.linear(_rms_norm(x, inner.norm), self.model.lm_head.weight, self.model.lm_head.bias)
+
+
+def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """The model's RMSNorm; in float32 as torch's single fused op (transformers' runs eight)."""
+    if x.dtype != torch.float32:
+        return norm(x)
+    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
 
 def _fuse(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -133,18 +133,35 @@ def test_inverse_cdf_sampling_follows_the_distribution():
 
 
 
-def test_fast_llama_decode_matches_transformers_decode(policy, eos_boost):
+def test_fast_llama_decode_matches_transformers_decode(policy):
     """Aligner's own decode step gives the samples and log-probs of transformers' forward (this policy has GQA)."""
+    import copy
+
     from aligner.fast_decode import supports_fast_decode
 
     model, tokenizer = policy
+    model = copy.deepcopy(model)
+    # An output bias that makes EOS likely, so that some responses end: a plain Linear the fast step reads.
+    head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()
+        head.bias[tokenizer.eos_token_id] = 4.0
+    model.lm_head = head
     assert supports_fast_decode(model) and model.config.num_key_value_heads < model.config.num_attention_heads
-    fast, _ = make(policy, max_new_tokens=16, fast_decode=True)
-    slow, _ = make(policy, max_new_tokens=16, fast_decode=False)
+    fast, _ = make((model, tokenizer), max_new_tokens=16, fast_decode=True)
+    slow, _ = make((model, tokenizer), max_new_tokens=16, fast_decode=False)
     a = fast.generate(prompts(tokenizer), num_samples=3, seed=5)
     b = slow.generate(prompts(tokenizer), num_samples=3, seed=5)
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.is_end, b.is_end)
+    assert a.is_end.any() and not a.is_end.all()
     assert torch.allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_hooked_or_wrapped_projections_take_the_transformers_path(policy, eos_boost):
+    from aligner.fast_decode import supports_fast_decode
+
+    assert not supports_fast_decode(policy[0])  # eos_boost hooks lm_head
 
 
 def test_other_architectures_decode_through_transformers(tiny_policy_dir):
