@@ -26,7 +26,24 @@ def _cmd_train(args: argparse.Namespace) -> None:
     trainer = ReinforceTrainer(config)
     trainer.setup(resume=args.resume)
     trainer.fit()
+    print(reward_summary(trainer.run_dir))
     print(f"final policy: {trainer.final_policy_dir}")
+
+
+def reward_summary(run_dir: Path) -> str:
+    """One line: mean train reward of the first and last 5 steps, and the first and last validation reward."""
+    from aligner.metrics import METRICS_FILE, read_jsonl
+
+    rows = read_jsonl(Path(run_dir) / METRICS_FILE)
+    train = [r["train_rollouts/rewards"] for r in rows if "train_rollouts/rewards" in r]
+    val = [r["val/rewards"] for r in rows if "val/rewards" in r]
+    if not train:
+        return "no training step was run"
+    n = min(5, len(train))
+    line = f"train reward (mean of {n} steps): {sum(train[:n]) / n:+.3f} first -> {sum(train[-n:]) / n:+.3f} last"
+    if val:
+        line += f"; validation reward {val[0]:+.3f} at step 0 -> {val[-1]:+.3f}"
+    return line
 
 
 def _cmd_demo_assets(args: argparse.Namespace) -> None:

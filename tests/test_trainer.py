@@ -175,3 +175,18 @@ def test_demo_run_raises_the_reward(demo_assets_dir, tmp_path):
     val = [r["val/rewards"] for r in read_jsonl(trainer.run_dir / "metrics.jsonl") if "val/rewards" in r]
     assert val[-1] > val[0], f"validation reward {val}"
     assert all(r["train_rollouts/init_policy_kl"] >= 0 for r in rows)
+
+
+def test_cli_train_prints_a_reward_summary(run_config, tmp_path, capsys):
+    import yaml
+
+    config = run_config(trainer={"max_steps": 2, "val_check_interval": 1, "save_interval": 2})
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    assert main(["train", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    first = rows[1]["train_rollouts/rewards"]
+    assert f"train reward (mean of 2 steps): {(first + rows[2]['train_rollouts/rewards']) / 2:+.3f}" in out
+    assert f"validation reward {rows[0]['val/rewards']:+.3f} at step 0" in out
+    assert "final policy:" in out
