@@ -58,7 +58,7 @@ class DataConfig(Section):
 
 
 class RewardConfig(Section):
-    """Where rewards come from: exactly one of `function` or `model_path`."""
+    """Where rewards come from: exactly one of `function`, `model_path` or `server_url`."""
 
     function: str | None = Field(
         None,
@@ -67,13 +67,21 @@ class RewardConfig(Section):
     model_path: str | None = Field(
         None, description="Hugging Face sequence-classification reward model (one label) run in-process."
     )
+    server_url: str | None = Field(
+        None,
+        description="URL of a reward server (`aligner serve-reward`, or any Triton/KServe-v2 server with "
+        "NeMo-Aligner's reward_model interface), e.g. http://127.0.0.1:8000",
+    )
+    model_name: str = Field("reward_model", description="Model name on the reward server.")
     batch_size: int = Field(32, ge=1, description="Samples scored per forward of a reward model.")
+    timeout_s: float = Field(60.0, gt=0, description="Seconds a request to the reward server may take.")
+    max_retries: int = Field(3, ge=0, description="Retries of a failed request to the server, with backoff.")
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> RewardConfig:
-        sources = [name for name in ("function", "model_path") if getattr(self, name)]
+        sources = [name for name in ("function", "model_path", "server_url") if getattr(self, name)]
         if len(sources) != 1:
-            raise ValueError("give exactly one of reward.function or reward.model_path")
+            raise ValueError("give exactly one of reward.function, reward.model_path or reward.server_url")
         return self
 
 
@@ -236,8 +244,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def _resolve_paths(data: dict, base: Path) -> None:
-    for path in PATH_FIELDS:
+def _resolve_paths(data: dict, base: Path, path_fields: tuple[tuple[str, ...], ...] = PATH_FIELDS) -> None:
+    for path in path_fields:
         node = data
         for part in path[:-1]:
             node = node.get(part) if isinstance(node, dict) else None
@@ -246,18 +254,26 @@ def _resolve_paths(data: dict, base: Path) -> None:
             node[path[-1]] = str(p if p.is_absolute() else (base / p).resolve())
 
 
-def config_from_dict(data: dict, base_dir: Path | None = None) -> TrainConfig:
-    """Validate a config dict; relative paths resolve against `base_dir` (default: current directory)."""
+def config_from_dict(data: dict, base_dir: Path | None = None, schema: type[Section] = None, path_fields=None):
+    """Validate a config dict; relative paths resolve against `base_dir` (default: current directory).
+
+    `schema` is the config class (default `TrainConfig`), `path_fields` the dotted fields holding paths (default
+    `PATH_FIELDS`); other commands (`train-rm`, `serve-reward`) pass their own.
+    """
+    schema = schema or TrainConfig
     data = copy.deepcopy(data)
-    _resolve_paths(data, (base_dir or Path.cwd()).resolve())
+    _resolve_paths(data, (base_dir or Path.cwd()).resolve(), PATH_FIELDS if path_fields is None else path_fields)
     try:
-        return TrainConfig.model_validate(data)
+        return schema.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_errors(err)) from None
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
-    """Load a YAML config, resolve its relative paths against its folder, apply overrides, validate."""
+def load_config(path: str | Path, overrides: list[str] | None = None, schema: type[Section] = None, path_fields=None):
+    """Load a YAML config, resolve its relative paths against its folder, apply overrides, validate.
+
+    Returns a `TrainConfig` unless another `schema` (and its `path_fields`) is given.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -267,10 +283,11 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainCo
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}")
-    _resolve_paths(data, path.parent.resolve())
+    path_fields = PATH_FIELDS if path_fields is None else path_fields
+    _resolve_paths(data, path.parent.resolve(), path_fields)
     apply_overrides(data, overrides or [])
-    return config_from_dict(data, Path.cwd())
+    return config_from_dict(data, Path.cwd(), schema, path_fields)
 
 
-def save_config(config: TrainConfig, path: str | Path) -> None:
+def save_config(config: Section, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

@@ -48,7 +48,7 @@ def test_overrides_are_typed_and_nested(tmp_path, monkeypatch):
         ("generation.temperature=hot", "generation.temperature: Input should be a valid number"),
         ("model.dtyp=float32", "model.dtyp: unknown field"),
         ("generation.min_new_tokens=100", "min_new_tokens (100) must not exceed max_new_tokens (64)"),
-        ("reward.model_path=rm", "give exactly one of reward.function or reward.model_path"),
+        ("reward.model_path=rm", "give exactly one of reward.function, reward.model_path or reward.server_url"),
     ],
 )
 def test_bad_values_name_the_field(tmp_path, override, message):
