@@ -1,0 +1,271 @@
+"""SQL persistence of the training service, shared by the API (webapp/) and the worker (worker/).
+
+SQLAlchemy 2 models on PostgreSQL or SQLite; the schema is created and migrated by Alembic (`aligner db upgrade`,
+migrations/). The job state machine lives here, in `transition`, so every status change is checked in one place and
+leaves an event that the API streams (Server-Sent Events) to clients.
+
+    queued -> running -> succeeded | failed | cancelled        (cancelling between running and cancelled)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+DEFAULT_DATA_DIR = Path(os.environ.get("ALIGNER_DATA_DIR", "aligner_data"))
+
+QUEUED, RUNNING, CANCELLING = "queued", "running", "cancelling"
+SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
+STATUSES = (QUEUED, RUNNING, CANCELLING, SUCCEEDED, FAILED, CANCELLED)
+FINAL_STATUSES = (SUCCEEDED, FAILED, CANCELLED)
+# Every allowed status change. A final job goes back to queued only through resume or retry.
+TRANSITIONS: dict[str, tuple[str, ...]] = {
+    QUEUED: (RUNNING, CANCELLED, FAILED),
+    RUNNING: (SUCCEEDED, FAILED, CANCELLING, CANCELLED, QUEUED),  # queued: a lost worker's job is re-queued
+    CANCELLING: (CANCELLED, FAILED, SUCCEEDED),
+    SUCCEEDED: (QUEUED,),
+    FAILED: (QUEUED,),
+    CANCELLED: (QUEUED,),
+}
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON}
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class ApiToken(Base):
+    """A bearer token; only its SHA-256 is stored, the token itself is shown once at creation."""
+
+    __tablename__ = "api_tokens"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(100), default="")
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(20), default="reinforce")
+    status: Mapped[str] = mapped_column(String(20), default=QUEUED, index=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)  # the resolved training config
+    run_dir: Mapped[str] = mapped_column(Text, default="")
+    num_processes: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow, index=True)
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The lease: the worker running the job renews heartbeat_at; another copy seeing a live lease stands down.
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    max_steps: Mapped[int] = mapped_column(Integer, default=0)
+    latest_reward: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Metric(Base):
+    """One value of one metric at one step: the unique key makes re-ingesting a file after a restart harmless."""
+
+    __tablename__ = "metrics"
+    __table_args__ = (
+        UniqueConstraint("job_id", "step", "name", name="uq_metrics_job_step_name"),
+        Index("ix_metrics_job_name_step", "job_id", "name", "step"),
+    )
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(100))
+    value: Mapped[float] = mapped_column(Float)
+
+
+class Sample(Base):
+    __tablename__ = "samples"
+    __table_args__ = (
+        UniqueConstraint("job_id", "step", "split", "index", name="uq_samples_job_step_split_index"),
+        Index("ix_samples_job_step", "job_id", "step"),
+    )
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    split: Mapped[str] = mapped_column(String(20))
+    index: Mapped[int] = mapped_column(Integer)  # position within (step, split)
+    prompt: Mapped[str] = mapped_column(Text)
+    response: Mapped[str] = mapped_column(Text)
+    reward: Mapped[float] = mapped_column(Float)
+    kl: Mapped[float | None] = mapped_column(Float, nullable=True)
+    advantage: Mapped[float | None] = mapped_column(Float, nullable=True)
+    is_end: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class Event(Base):
+    """What happened to a job, in order: its id is the Server-Sent Events id (resumable with Last-Event-ID)."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_job_id_id", "job_id", "id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(20))  # status | metrics | samples | checkpoint | log
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("job_id", "step", name="uq_checkpoints_job_step"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Dataset(Base):
+    """An uploaded, validated prompt file."""
+
+    __tablename__ = "datasets"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    path: Mapped[str] = mapped_column(Text)
+    num_prompts: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+# ------------------------------------------------------------------------------------------------- engine
+def database_url(data_dir: Path | None = None) -> str:
+    """`ALIGNER_DATABASE_URL`, or a SQLite file in the data folder (no server needed)."""
+    url = os.environ.get("ALIGNER_DATABASE_URL")
+    if url:
+        return url
+    folder = Path(data_dir or DEFAULT_DATA_DIR).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'aligner.db'}"
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_connection, _record):  # WAL: the API reads while the worker writes
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+# ------------------------------------------------------------------------------------------------- jobs
+class TransitionError(ValueError):
+    """A status change the state machine does not allow (e.g. cancelling a finished job)."""
+
+
+def transition(session: Session, job: Job, status: str, **fields: Any) -> Event:
+    """Move `job` to `status` (checked against TRANSITIONS), set `fields`, and record a status event."""
+    if status not in TRANSITIONS.get(job.status, ()):
+        raise TransitionError(f"job {job.id} is {job.status}; it cannot become {status}")
+    now = utcnow()
+    job.status = status
+    if status == RUNNING and job.started_at is None:
+        job.started_at = now
+    if status in FINAL_STATUSES:
+        job.finished_at = now
+    if status == QUEUED:
+        job.finished_at, job.error, job.cancel_requested = None, None, False
+    for key, value in fields.items():
+        setattr(job, key, value)
+    payload = {"status": status, "error": job.error, "step": job.step}
+    return add_event(session, job.id, "status", payload)
+
+
+def add_event(session: Session, job_id: int, kind: str, payload: dict[str, Any]) -> Event:
+    ev = Event(job_id=job_id, kind=kind, payload=payload)
+    session.add(ev)
+    return ev
+
+
+# ------------------------------------------------------------------------------------------------- users
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(session: Session, user_name: str, token_name: str = "") -> str:
+    """A new API token for `user_name` (the user is created if new); returns the token, stored only hashed."""
+    user = session.scalar(select(User).where(User.name == user_name))
+    if user is None:
+        user = User(name=user_name)
+        session.add(user)
+        session.flush()
+    token = "alg_" + secrets.token_urlsafe(32)
+    session.add(ApiToken(user_id=user.id, token_hash=hash_token(token), name=token_name))
+    return token
+
+
+def user_for_token(session: Session, token: str) -> User | None:
+    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+    if row is None:
+        return None
+    row.last_used_at = utcnow()
+    return session.get(User, row.user_id)
