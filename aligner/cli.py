@@ -47,6 +47,14 @@ def reward_summary(run_dir: Path) -> str:
     return line
 
 
+def _cmd_train_rm(args: argparse.Namespace) -> None:
+    from aligner.reward_model import load_rm_config, train_reward_model, validation_summary
+
+    out_dir = train_reward_model(load_rm_config(args.config, args.overrides))
+    print(validation_summary(out_dir))
+    print(f"reward model: {out_dir}")
+
+
 def _cmd_demo_assets(args: argparse.Namespace) -> None:
     from aligner.demo import build_demo_assets
 
@@ -99,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in run_dir")
     train.set_defaults(func=_cmd_train)
+
+    train_rm = sub.add_parser("train-rm", help="train a reward model (Bradley-Terry) on preference pairs")
+    train_rm.add_argument("--config", required=True, help="YAML config file (aligner/reward_model.py)")
+    train_rm.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set optim.lr=1e-4"
+    )
+    train_rm.set_defaults(func=_cmd_train_rm)
 
     demo = sub.add_parser("demo-assets", help="build a tiny tokenizer, SFT policy, reward, prompts and config")
     demo.add_argument("out_dir", help="folder to create")

@@ -58,6 +58,9 @@ class RewardServerConfig(Section):
     metrics_port: int | None = Field(None, ge=1, le=65535, description="Prometheus metrics; default: http_port + 2.")
     max_batch_size: int = Field(64, ge=1, description="Largest batch Triton forms or accepts.")
     max_queue_delay_us: int = Field(2000, ge=0, description="How long Triton waits to fill a batch (microseconds).")
+    dynamic_batching: bool = Field(
+        True, description="Let Triton merge concurrent requests into one batch; false: one request per forward pass."
+    )
     device: str = Field("auto", description="'auto' (CUDA when available), 'cpu', 'cuda', ...")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     batch_size: int = Field(32, ge=1, description="Rows per forward pass of the reward model.")
@@ -255,7 +258,9 @@ def serve(config: RewardServerConfig, ready: threading.Event | None = None, stop
                 outputs=[Tensor(name="rewards", dtype=np.float32, shape=(1,))],
                 config=ModelConfig(
                     max_batch_size=config.max_batch_size,
-                    batcher=DynamicBatcher(max_queue_delay_microseconds=config.max_queue_delay_us),
+                    batcher=DynamicBatcher(max_queue_delay_microseconds=config.max_queue_delay_us)
+                    if config.dynamic_batching
+                    else None,  # no `dynamic_batching` section in Triton's model config
                 ),
                 strict=False,
             )

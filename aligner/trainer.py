@@ -115,9 +115,8 @@ class ReinforceTrainer:
             keep_freed_memory()
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.reward_client = build_reward_client(cfg.reward, device=self.device)
-
         _quiet_transformers()
+        self.reward_client = build_reward_client(cfg.reward, device=self.device)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.policy_path)
         self.train_data = build_prompt_dataset(
             train_records, self.tokenizer, cfg.data.apply_chat_template, cfg.data.max_prompt_length

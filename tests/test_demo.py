@@ -10,9 +10,11 @@ import torch
 
 from aligner.cli import UserError
 from aligner.config import load_config
-from aligner.demo import CHAT_TEMPLATE, build_demo_assets, reward, sample_policy, sentiment
+from aligner.demo import CHAT_TEMPLATE, DEFAULT_RM_STEPS, build_demo_assets, reward, sample_policy, sentiment
+from aligner.reward_model import load_rm_config, read_preference_file
 
 SMALL_STEPS = 20
+SMALL_RM_STEPS = 3
 CHAT_PROMPT = "<|bos|><|user|>\nDescribe the house.\n<|assistant|>\n"
 
 
@@ -59,7 +61,9 @@ def test_sentiment_counts_words():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("demo") / "assets"
-    config_path = build_demo_assets(out, seed=0, sft_steps=SMALL_STEPS, progress=False)
+    config_path = build_demo_assets(
+        out, seed=0, sft_steps=SMALL_STEPS, progress=False, reward_model_steps=SMALL_RM_STEPS
+    )
     assert config_path == out / "reinforce.yaml"
     return out
 
@@ -78,6 +82,10 @@ def test_files_exist(built):
     for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
         assert (built / "policy" / name).is_file(), name
     assert not (built / ".policy.partial").exists()
+    for name in ("preferences_train.jsonl", "preferences_val.jsonl", "reward_model.yaml"):
+        assert (built / name).is_file(), name
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "metrics.jsonl", "train_config.yaml"):
+        assert (built / "reward_model" / name).is_file(), name
 
 
 def test_prompt_files_have_both_forms_and_are_disjoint(built):
@@ -90,6 +98,25 @@ def test_prompt_files_have_both_forms_and_are_disjoint(built):
     assert len(train_texts) == len(train) and not train_texts & val_texts
 
 
+def test_preference_pairs_follow_the_demo_reward(built):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(built / "policy")
+    for split, per_prompt in (("train", 8), ("val", 16)):
+        prompts = [_prompt_text(o) for o in _read_jsonl(built / f"prompts_{split}.jsonl")]
+        pairs = read_preference_file(built / f"preferences_{split}.jsonl")
+        assert len(pairs) == per_prompt * len(prompts)
+        # The prompt is what the policy sees in `aligner train` (chat template), so the reward model scores that.
+        formatted = {
+            tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts
+        }
+        assert {p.prompt for p in pairs} == formatted
+        chosen = reward([p.prompt for p in pairs], [p.chosen for p in pairs])
+        rejected = reward([p.prompt for p in pairs], [p.rejected for p in pairs])
+        assert all(c > r for c, r in zip(chosen, rejected))  # chosen = the higher reward, ties left out
+
+
 def test_config_loads_and_points_into_the_folder(built):
     config = load_config(built / "reinforce.yaml")
     root = built.resolve()
@@ -100,6 +127,34 @@ def test_config_loads_and_points_into_the_folder(built):
     assert config.reward.function == "aligner.demo:reward"
     assert (built / "reinforce.yaml").read_text().startswith("#")
     assert "aligner train --config" in (built / "reinforce.yaml").read_text()
+    assert "# server_url: http://127.0.0.1:8000" in (built / "reinforce.yaml").read_text()
+    assert "aligner serve-reward --model reward_model" in (built / "reinforce.yaml").read_text()
+
+
+def test_reward_model_config_and_model(built):
+    from transformers import AutoModelForSequenceClassification
+
+    from aligner.metrics import read_jsonl
+    from aligner.rewards import ModelRewardClient
+
+    config = load_rm_config(built / "reward_model.yaml")
+    root = built.resolve()
+    assert Path(config.model.init_path) == root / "policy" and Path(config.output_dir) == root / "reward_model"
+    assert Path(config.data.train_file) == root / "preferences_train.jsonl"
+    assert Path(config.data.val_file) == root / "preferences_val.jsonl"
+    assert config.trainer.max_steps == SMALL_RM_STEPS and config.model.device == "cpu"
+    assert "aligner train-rm --config" in (built / "reward_model.yaml").read_text()
+    assert [r["step"] for r in read_jsonl(built / "reward_model" / "metrics.jsonl")] == list(range(SMALL_RM_STEPS + 1))
+
+    model = AutoModelForSequenceClassification.from_pretrained(built / "reward_model")
+    assert model.config.model_type == "llama" and model.config.num_labels == 1
+    assert model.config.pad_token_id == model.config.pad_token_id is not None
+    client = ModelRewardClient(built / "reward_model")
+    assert client.tokenizer.chat_template == CHAT_TEMPLATE
+    rewards = client.submit(
+        [CHAT_PROMPT, CHAT_PROMPT], ["the house is happy.", "the house is sad."], [{}, {}]
+    ).result()
+    assert rewards.shape == (2,) and torch.isfinite(rewards).all()
 
 
 def test_tokenizer_and_model_reload_with_plain_transformers(built):
@@ -128,23 +183,30 @@ def test_tokenizer_and_model_reload_with_plain_transformers(built):
 
 
 def test_same_seed_gives_identical_assets(built, tmp_path):
-    again = build_demo_assets(tmp_path / "again", seed=0, sft_steps=SMALL_STEPS, progress=False).parent
+    again = build_demo_assets(
+        tmp_path / "again", seed=0, sft_steps=SMALL_STEPS, progress=False, reward_model_steps=SMALL_RM_STEPS
+    ).parent
     for name in ("reinforce.yaml", "prompts_train.jsonl", "prompts_val.jsonl"):
+        assert (again / name).read_bytes() == (built / name).read_bytes(), name
+    for name in ("preferences_train.jsonl", "preferences_val.jsonl", "reward_model.yaml"):
         assert (again / name).read_bytes() == (built / name).read_bytes(), name
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json"):
         assert (again / "policy" / name).read_bytes() == (built / "policy" / name).read_bytes(), name
+    for name in ("config.json", "metrics.jsonl"):
+        assert (again / "reward_model" / name).read_bytes() == (built / "reward_model" / name).read_bytes(), name
 
     from safetensors.torch import load_file
 
-    a, b = load_file(built / "policy" / "model.safetensors"), load_file(again / "policy" / "model.safetensors")
-    assert a.keys() == b.keys()
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    for folder in ("policy", "reward_model"):
+        a, b = load_file(built / folder / "model.safetensors"), load_file(again / folder / "model.safetensors")
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a), folder
 
 
 def test_another_seed_gives_other_prompts(tmp_path):
-    # sft_steps=0: only the files, the (untrained) model is not what this test is about.
-    a = build_demo_assets(tmp_path / "a", seed=0, sft_steps=0, progress=False).parent
-    b = build_demo_assets(tmp_path / "b", seed=1, sft_steps=0, progress=False).parent
+    # sft_steps=0: only the files, the (untrained) models are not what this test is about.
+    a = build_demo_assets(tmp_path / "a", seed=0, sft_steps=0, progress=False, reward_model_steps=0).parent
+    b = build_demo_assets(tmp_path / "b", seed=1, sft_steps=0, progress=False, reward_model_steps=0).parent
     assert (a / "prompts_train.jsonl").read_bytes() != (b / "prompts_train.jsonl").read_bytes()
 
 
@@ -154,26 +216,28 @@ def test_another_seed_gives_other_prompts(tmp_path):
 def test_refuses_a_foreign_folder(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(UserError, match="notes.txt"):
-        build_demo_assets(tmp_path, sft_steps=0, progress=False)
+        build_demo_assets(tmp_path, sft_steps=0, progress=False, reward_model_steps=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 def test_refuses_a_file(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(UserError, match="not a folder"):
-        build_demo_assets(tmp_path / "file", sft_steps=0, progress=False)
+        build_demo_assets(tmp_path / "file", sft_steps=0, progress=False, reward_model_steps=0)
 
 
 def test_rebuilds_a_demo_folder_in_place_and_keeps_runs(tmp_path):
     out = tmp_path / "assets"
-    build_demo_assets(out, sft_steps=0, progress=False)
+    build_demo_assets(out, sft_steps=0, progress=False, reward_model_steps=0)
     (out / "runs" / "reinforce").mkdir(parents=True)
     (out / "runs" / "reinforce" / "metrics.jsonl").write_text("{}\n")
     (out / "policy" / "stale.bin").write_text("old")
+    (out / "reward_model" / "stale.bin").write_text("old")
     (out / ".policy.partial").mkdir()  # left by an interrupted build
-    build_demo_assets(out, sft_steps=0, progress=False)
+    build_demo_assets(out, sft_steps=0, progress=False, reward_model_steps=0)
     assert (out / "runs" / "reinforce" / "metrics.jsonl").read_text() == "{}\n"
     assert not (out / "policy" / "stale.bin").exists()
+    assert not (out / "reward_model" / "stale.bin").exists()
     assert not (out / ".policy.partial").exists()
     load_config(out / "reinforce.yaml")
 
@@ -181,6 +245,8 @@ def test_rebuilds_a_demo_folder_in_place_and_keeps_runs(tmp_path):
 def test_rejects_negative_steps(tmp_path):
     with pytest.raises(ValueError, match="sft_steps"):
         build_demo_assets(tmp_path / "x", sft_steps=-1, progress=False)
+    with pytest.raises(ValueError, match="reward_model_steps"):
+        build_demo_assets(tmp_path / "x", sft_steps=0, progress=False, reward_model_steps=-1)
 
 
 # --- the full build (about a minute) ---------------------------------------------------------------------------
@@ -199,3 +265,21 @@ def test_full_build_gives_a_policy_that_writes_the_task(demo_assets_dir):
     assert sum(s[2] for s in samples) / len(samples) >= 0.9  # ends with EOS
     assert -0.4 <= sum(rewards) / len(rewards) <= 0.4  # about 0: room to improve either way
     assert len(set(rewards)) >= 4  # spread within and between prompts, which RLOO needs
+
+
+@pytest.mark.slow
+def test_full_build_gives_a_reward_model_that_orders_the_validation_pairs(demo_assets_dir):
+    from aligner.metrics import read_jsonl
+    from aligner.rewards import ModelRewardClient
+
+    out = demo_assets_dir
+    assert load_rm_config(out / "reward_model.yaml").trainer.max_steps == DEFAULT_RM_STEPS
+    pairs = read_preference_file(out / "preferences_val.jsonl")
+    client = ModelRewardClient(out / "reward_model")
+    prompts = [p.prompt for p in pairs]
+    chosen = client.submit(prompts, [p.chosen for p in pairs], [{}] * len(pairs)).result()
+    rejected = client.submit(prompts, [p.rejected for p in pairs], [{}] * len(pairs)).result()
+    accuracy = (chosen > rejected).float().mean().item()
+    assert accuracy >= 0.9  # measured: 0.961 (seed 0, 150 steps); chance is 0.5
+    # The same figure as the last validation of the training run: ModelRewardClient scores exactly what was trained.
+    assert accuracy == pytest.approx(read_jsonl(out / "reward_model" / "metrics.jsonl")[-1]["val/accuracy"])

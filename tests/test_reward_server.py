@@ -250,3 +250,45 @@ def test_metadata_json_travels(function_server):
     }
     out = requests.post(f"{function_server.url}/v2/models/reward_model/infer", json=body, timeout=10).json()
     assert out["outputs"][0]["data"] == [102.0]
+
+
+@pytest.mark.slow
+def test_training_against_the_live_server_raises_the_reward(demo_assets_dir, tmp_path):
+    """The demo run, shortened, scored by the demo reward model (trained by train-rm) behind `aligner serve-reward`."""
+    from aligner.config import load_config
+    from aligner.metrics import read_jsonl
+    from aligner.trainer import ReinforceTrainer
+
+    server = Server("--model", str(demo_assets_dir / "reward_model"))
+    try:
+        config = load_config(
+            demo_assets_dir / "reinforce.yaml",
+            [
+                f"run_dir={tmp_path / 'run'}",
+                "reward.function=null",
+                f"reward.server_url={server.url}",
+                "trainer.max_steps=40",
+                "trainer.progress_bar=false",
+                "model.num_threads=2",
+            ],
+        )
+        trainer = ReinforceTrainer(config)
+        trainer.setup()
+        trainer.fit()
+    finally:
+        server.stop()
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
+    rewards = [r["train_rollouts/rewards"] for r in rows]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.3, f"first 5 steps {first:.3f}, last 5 {last:.3f}"
+    assert all(r["timers/reward"] < 5 for r in rows)
+
+
+def test_dynamic_batching_can_be_switched_off():
+    server = Server("--function", "tests.test_reward_server:length_reward", "--set", "dynamic_batching=false")
+    try:
+        config = requests.get(f"{server.url}/v2/models/reward_model/config", timeout=10).json()
+        assert "dynamic_batching" not in config and config["max_batch_size"] == 64
+        assert RemoteRewardClient(server.url).score(["p", "q"], ["ab", "abcd"]).tolist() == [2.0, 4.0]
+    finally:
+        server.stop()
