@@ -1,6 +1,6 @@
 # Aligner image: the library and its CLI on the CPU build of torch.
 #     docker build -t aligner .
-#     docker compose run --rm demo
+#     docker compose up --build
 FROM python:3.11-slim
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 WORKDIR /app
@@ -11,5 +11,7 @@ COPY aligner ./aligner
 COPY worker ./worker
 COPY webapp ./webapp
 COPY configs ./configs
-RUN pip install --no-cache-dir -e '.[gguf]'
+COPY migrations ./migrations
+COPY alembic.ini ./
+RUN pip install --no-cache-dir -e '.[gguf,serve,service]' gunicorn
 ENTRYPOINT ["aligner"]

@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO_DIR ?= demo_assets
+DATA_DIR ?= aligner_data
 
 .PHONY: setup demo test lint bench clean
 
@@ -19,9 +20,9 @@ $(BIN)/aligner: pyproject.toml
 
 setup: $(BIN)/aligner
 
+# The whole stack on embedded defaults (SQLite, its own Redis, reward server, worker, API) and a demo job on it.
 demo: setup
-	$(BIN)/aligner demo-assets $(DEMO_DIR)
-	$(BIN)/aligner train --config $(DEMO_DIR)/reinforce.yaml
+	$(BIN)/aligner up --data-dir $(DATA_DIR) --demo --exit-after-demo
 
 test: setup
 	$(BIN)/ruff check .
@@ -35,4 +36,4 @@ bench: setup
 	$(BIN)/python bench/rloo_step.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) runs .pytest_cache
+	rm -rf $(VENV) $(DEMO_DIR) $(DATA_DIR) runs .pytest_cache

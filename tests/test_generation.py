@@ -132,7 +132,6 @@ def test_inverse_cdf_sampling_follows_the_distribution():
     torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
 
 
-
 def test_fast_llama_decode_matches_transformers_decode(policy):
     """Aligner's own decode step gives the samples and log-probs of transformers' forward (this policy has GQA)."""
     import copy
@@ -171,8 +170,15 @@ def test_other_architectures_decode_through_transformers(tiny_policy_dir):
 
     tokenizer = load_tokenizer(tiny_policy_dir)
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=64,
-                        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=64,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
     model = GPT2LMHeadModel(config).eval()
     assert not supports_fast_decode(model)
     gen = TorchGenerator(model, tokenizer, GenerationConfig(max_new_tokens=6), eos_token_ids(model, tokenizer))

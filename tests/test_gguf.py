@@ -133,18 +133,47 @@ def _tiny_model_and_tokenizer(tie: bool = True):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    words = ["<unk>", "<s>", "</s>", "user", "assistant", "hello", "world", "what", "is", "the", "capital", "of",
-             "france", "?", "paris", "\n"]
+    words = [
+        "<unk>",
+        "<s>",
+        "</s>",
+        "user",
+        "assistant",
+        "hello",
+        "world",
+        "what",
+        "is",
+        "the",
+        "capital",
+        "of",
+        "france",
+        "?",
+        "paris",
+        "\n",
+    ]
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
-                                        eos_token="</s>", pad_token="</s>")
-    tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} </s> {% endfor %}" \
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>"
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
         "{% if add_generation_prompt %}assistant {% endif %}"
+    )
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    config = LlamaConfig(
+        vocab_size=len(words),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     model = LlamaForCausalLM(config).eval()
     return model, tokenizer
 
@@ -168,7 +197,8 @@ def test_tiny_import_reloads_with_plain_transformers(fake_gguf, tmp_path, dtype)
     out = tmp_path / "models" / "tiny"
     assert import_gguf(path, out, dtype=dtype) == out
     assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= {
-        p.name for p in out.iterdir()}
+        p.name for p in out.iterdir()
+    }
     assert sorted(p.name for p in out.parent.iterdir()) == ["tiny"]  # no temporary folder left
 
     reloaded = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
@@ -250,11 +280,12 @@ def test_smollm2_import_reloads_and_matches_gguf(smollm2_dir):
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2 == model.generation_config.eos_token_id
 
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    input_ids = torch.tensor([tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                            return_dict=True)["input_ids"]])
+    input_ids = torch.tensor(
+        [tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]]
+    )
     with torch.no_grad():
         out = model.generate(input_ids, max_new_tokens=8, do_sample=False)
-    new_tokens = out[0, input_ids.shape[1]:]
+    new_tokens = out[0, input_ids.shape[1] :]
     assert 0 < len(new_tokens) <= 8
     assert "Paris" in tokenizer.decode(new_tokens)
 

@@ -1,1 +1,89 @@
-"""Flask REST API and Gradio UI (the training-service and dashboard issues)."""
+"""The training service's REST API (Flask + APIFlask), and the Gradio UI to come.
+
+    flask --app webapp run                   # development server (threaded), http://127.0.0.1:5000/api/v1/docs
+    gunicorn -k gthread --threads 8 -w 2 'webapp:create_app()'
+
+Config (create_app's test_config, else the environment):
+
+    DATA_DIR               runs (DATA_DIR/runs/job_ID) and uploads (DATA_DIR/datasets); env ALIGNER_DATA_DIR
+    DATABASE_URL           default webapp.db.database_url(): env ALIGNER_DATABASE_URL, else DATA_DIR/aligner.db
+    MAX_CONTENT_LENGTH     largest request body (1 MiB); MAX_DATASET_SIZE for uploads (256 MiB)
+    JOB_QUEUE              an object with enqueue(job_id); default webapp.queues.CeleryQueue() (ALIGNER_BROKER_URL)
+    CHECK_CONFIG_PATHS     a job's prompt files and model folders must exist (True)
+    SSE_POLL_INTERVAL, SSE_HEARTBEAT_INTERVAL   seconds (0.25, 15)
+
+The Flask pieces are imported inside create_app: the worker imports webapp.db without needing them.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+API_TITLE = "Aligner"
+API_DESCRIPTION = (
+    "Train language models with REINFORCE / RLOO as jobs: submit a config, follow its metrics, samples and events, "
+    "download the aligned policy. Every endpoint but /health needs `Authorization: Bearer TOKEN` "
+    '(`aligner token create --user NAME`). Errors are `{"message": ..., "errors": {field: [reasons]}}`.'
+)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("aligner")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+def create_app(test_config: dict[str, Any] | None = None):
+    """The API app: config, database, job queue, error handling, blueprints, OpenAPI at /api/v1/openapi.json."""
+    from apiflask import APIFlask
+
+    from webapp import datasets, errors, health, jobs, results
+    from webapp.db import DEFAULT_DATA_DIR, database_url
+    from webapp.extensions import db
+    from webapp.queues import CeleryQueue
+
+    version = _version()
+    app = APIFlask(
+        __name__,
+        title=API_TITLE,
+        version=version,
+        spec_path="/api/v1/openapi.json",
+        docs_path="/api/v1/docs",
+        docs_oauth2_redirect_path="/api/v1/docs/oauth2-redirect",
+    )
+    app.config.from_mapping(
+        DATA_DIR=os.environ.get("ALIGNER_DATA_DIR", str(DEFAULT_DATA_DIR)),
+        DATABASE_URL=None,
+        MAX_CONTENT_LENGTH=1024 * 1024,
+        MAX_DATASET_SIZE=256 * 1024 * 1024,
+        JOB_QUEUE=None,
+        CHECK_CONFIG_PATHS=True,
+        SSE_POLL_INTERVAL=0.25,
+        SSE_HEARTBEAT_INTERVAL=15.0,
+        API_VERSION=version,
+        DESCRIPTION=API_DESCRIPTION,
+        TAGS=[
+            {"name": "Jobs", "description": "Training jobs and their life cycle."},
+            {"name": "Job results", "description": "Metrics, samples, checkpoints, the policy, live events."},
+            {"name": "Datasets", "description": "Uploaded prompt files."},
+            {"name": "Health", "description": "Liveness of the API and its database."},
+        ],
+    )
+    if test_config:
+        app.config.update(test_config)
+    data_dir = Path(app.config["DATA_DIR"]).expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    app.config["DATA_DIR"] = str(data_dir)
+    if not app.config["DATABASE_URL"]:
+        app.config["DATABASE_URL"] = database_url(data_dir)
+
+    db.init_app(app)
+    app.extensions["aligner_queue"] = app.config["JOB_QUEUE"] or CeleryQueue()
+    errors.init_app(app)
+    for module in (health, jobs, results, datasets):
+        app.register_blueprint(module.bp)
+    return app

@@ -1,0 +1,105 @@
+"""Fixtures of the REST API tests: `app` (SQLite file, or PostgreSQL for tests parametrised with `backend`),
+`client`, `token` / `other_token` (two users), a valid job `config`, and `db_session` to insert rows directly.
+
+    @both_backends    # (tests/webapp/helpers.py) runs the test on SQLite and on a fresh PostgreSQL schema
+    def test_x(client, token, config): ...
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.webapp.databases import database_url
+from tests.webapp.helpers import PROMPTS
+from webapp import create_app
+from webapp.db import create_token, session_scope
+from webapp.extensions import db
+from webapp.queues import InMemoryQueue
+
+
+@pytest.fixture
+def backend(request) -> str:
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture
+def data_dir(tmp_path) -> Path:
+    """The server's data folder, with a (stand-in) policy folder and two prompt files a config can name."""
+    folder = tmp_path / "data"
+    (folder / "models" / "tiny-sft").mkdir(parents=True)
+    for name in ("train.jsonl", "val.jsonl"):
+        (folder / name).write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    return folder
+
+
+@pytest.fixture
+def app(backend, tmp_path, data_dir):
+    with database_url(backend, tmp_path) as url:
+        app = create_app(
+            {
+                "TESTING": True,
+                "DATA_DIR": str(data_dir),
+                "DATABASE_URL": url,
+                "JOB_QUEUE": InMemoryQueue(),
+                "SSE_POLL_INTERVAL": 0.02,
+            }
+        )
+        with app.app_context():
+            db.create_all()
+        yield app
+        with app.app_context():
+            db.engine.dispose()
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def db_session(app):
+    """`with db_session() as s:` a session on the app's database, committed at the end of the block."""
+
+    @contextmanager
+    def scope():
+        with app.app_context():
+            factory = db.session_factory
+        with session_scope(factory) as session:
+            yield session
+
+    return scope
+
+
+def _token(app, user: str) -> str:
+    with app.app_context(), session_scope(db.session_factory) as session:
+        return create_token(session, user, "tests")
+
+
+@pytest.fixture
+def token(app) -> str:
+    return _token(app, "alice")
+
+
+@pytest.fixture
+def other_token(app) -> str:
+    return _token(app, "bob")
+
+
+@pytest.fixture
+def config() -> dict:
+    """A valid job config; paths are relative to the data folder (see `data_dir`)."""
+    return {
+        "model": {"policy_path": "models/tiny-sft"},
+        "data": {"train_file": "train.jsonl", "val_file": "val.jsonl"},
+        "reward": {"function": "aligner.demo:reward"},
+        "trainer": {"max_steps": 5},
+    }
+
+
+@pytest.fixture
+def queue(app) -> InMemoryQueue:
+    return app.extensions["aligner_queue"]

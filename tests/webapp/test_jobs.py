@@ -1,0 +1,163 @@
+"""Jobs: create, list (pagination, status filter), get, cancel, resume, retry; the queue hand-off."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from tests.webapp.helpers import bearer, both_backends, create_job
+from webapp.db import Checkpoint, Event, Job, Metric, Sample
+
+
+def set_job(db_session, job_id: int, **fields) -> None:
+    with db_session() as session:
+        job = session.get(Job, job_id)
+        for key, value in fields.items():
+            setattr(job, key, value)
+
+
+def count(db_session, model, job_id: int) -> int:
+    with db_session() as session:
+        return session.scalar(select(func.count()).select_from(model).where(model.job_id == job_id))
+
+
+@both_backends
+def test_create_job_resolves_config_sets_run_dir_and_enqueues(client, token, config, data_dir, queue, db_session):
+    config["run_dir"] = "/tmp/somewhere-else"  # the server's choice wins
+    job = create_job(client, token, config, name="first", num_processes=2)
+    assert job["status"] == "queued" and job["name"] == "first" and job["num_processes"] == 2
+    assert job["run_dir"] == str(data_dir.resolve() / "runs" / f"job_{job['id']}")
+    assert job["config"]["run_dir"] == job["run_dir"]
+    assert job["config"]["model"]["policy_path"] == str(data_dir.resolve() / "models" / "tiny-sft")
+    assert job["config"]["optim"]["lr"] == 1e-6  # defaults filled in
+    assert job["max_steps"] == 5 and job["step"] == 0 and job["cancel_requested"] is False
+    assert job["created_at"].endswith("+00:00")
+    assert queue.job_ids == [job["id"]]
+    with db_session() as session:
+        events = session.scalars(select(Event).where(Event.job_id == job["id"])).all()
+        assert [(e.kind, e.payload["status"]) for e in events] == [("status", "queued")]
+
+    got = client.get(f"/api/v1/jobs/{job['id']}", headers=bearer(token))
+    assert got.status_code == 200 and got.json == job
+
+
+@both_backends
+def test_list_jobs_paginates_newest_first_and_filters_by_status(client, token, other_token, config, db_session):
+    ids = [create_job(client, token, config, name=f"job{i}")["id"] for i in range(5)]
+    create_job(client, other_token, config, name="bob's")  # never listed for alice
+    set_job(db_session, ids[1], status="failed")
+    set_job(db_session, ids[3], status="failed")
+
+    page1 = client.get("/api/v1/jobs?per_page=2", headers=bearer(token)).json
+    page3 = client.get("/api/v1/jobs?per_page=2&page=3", headers=bearer(token)).json
+    assert page1["total"] == 5 and (page1["page"], page1["per_page"]) == (1, 2)
+    assert [j["id"] for j in page1["items"]] == [ids[4], ids[3]]
+    assert [j["id"] for j in page3["items"]] == [ids[0]]
+    beyond = client.get("/api/v1/jobs?per_page=2&page=9", headers=bearer(token)).json
+    assert beyond["items"] == [] and beyond["total"] == 5
+
+    failed = client.get("/api/v1/jobs?status=failed", headers=bearer(token)).json
+    assert failed["total"] == 2 and [j["id"] for j in failed["items"]] == [ids[3], ids[1]]
+
+
+@both_backends
+def test_cancel_each_status(client, token, config, db_session):
+    url = "/api/v1/jobs/{}/cancel"
+    queued = create_job(client, token, config)
+    response = client.post(url.format(queued["id"]), headers=bearer(token))
+    assert response.status_code == 200 and response.json["status"] == "cancelled"
+    assert response.json["finished_at"] is not None
+
+    running = create_job(client, token, config)
+    set_job(db_session, running["id"], status="running")
+    response = client.post(url.format(running["id"]), headers=bearer(token))
+    assert response.json["status"] == "cancelling" and response.json["cancel_requested"] is True
+    again = client.post(url.format(running["id"]), headers=bearer(token))  # idempotent while cancelling
+    assert again.status_code == 200 and again.json["status"] == "cancelling"
+
+    for final in ("succeeded", "failed", "cancelled"):
+        set_job(db_session, running["id"], status=final)
+        response = client.post(url.format(running["id"]), headers=bearer(token))
+        assert response.status_code == 409, final
+        assert final in response.json["message"]
+
+    with db_session() as session:
+        kinds = [e.payload["status"] for e in session.scalars(select(Event).where(Event.job_id == running["id"]))]
+    assert kinds == ["queued", "cancelling"]
+
+
+@both_backends
+def test_resume_needs_a_finished_job_with_a_checkpoint_and_keeps_metrics(client, token, config, db_session, queue):
+    job = create_job(client, token, config)
+    url = f"/api/v1/jobs/{job['id']}/resume"
+    assert client.post(url, headers=bearer(token)).status_code == 409  # queued: not finished
+    set_job(db_session, job["id"], status="cancelled", step=2, error="stopped", attempts=3, worker="w1")
+    response = client.post(url, headers=bearer(token))
+    assert response.status_code == 409 and "no checkpoint" in response.json["message"]
+
+    with db_session() as session:
+        session.add(Checkpoint(job_id=job["id"], step=2, path="/x/step_000002"))
+        session.add(Metric(job_id=job["id"], step=1, name="train_rollouts/rewards", value=0.5))
+    response = client.post(url, headers=bearer(token))
+    assert response.status_code == 200, response.json
+    assert response.json["status"] == "queued" and response.json["error"] is None
+    assert response.json["step"] == 2 and response.json["finished_at"] is None
+    assert response.json["attempts"] == 0 and response.json["worker"] is None
+    assert queue.job_ids == [job["id"], job["id"]]
+    assert count(db_session, Metric, job["id"]) == 1 and count(db_session, Checkpoint, job["id"]) == 1
+
+
+@both_backends
+def test_retry_starts_over(client, token, config, db_session, queue):
+    job = create_job(client, token, config)
+    url = f"/api/v1/jobs/{job['id']}/retry"
+    set_job(db_session, job["id"], status="succeeded", step=5)
+    assert client.post(url, headers=bearer(token)).status_code == 409
+
+    run_dir = Path(job["run_dir"])
+    (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
+    set_job(db_session, job["id"], status="failed", step=2, error="boom", attempts=3, latest_reward=0.4)
+    with db_session() as session:
+        session.add(Checkpoint(job_id=job["id"], step=2, path=str(run_dir / "checkpoints" / "step_000002")))
+        session.add(Metric(job_id=job["id"], step=1, name="train_rollouts/rewards", value=0.5))
+        session.add(Sample(job_id=job["id"], step=1, split="train", index=0, prompt="p", response="r", reward=1.0))
+    response = client.post(url, headers=bearer(token))
+    assert response.status_code == 200, response.json
+    body = response.json
+    assert (body["status"], body["step"], body["attempts"], body["error"], body["latest_reward"]) == (
+        "queued",
+        0,
+        0,
+        None,
+        None,
+    )
+    assert not run_dir.exists()
+    assert [count(db_session, m, job["id"]) for m in (Metric, Sample, Checkpoint)] == [0, 0, 0]
+    assert count(db_session, Event, job["id"]) == 2  # the first queued event is kept, then queued again
+    assert queue.job_ids == [job["id"], job["id"]]
+
+
+def test_a_queue_failure_fails_the_job_with_503(app, client, token, config):
+    class Down:
+        def enqueue(self, job_id):
+            raise ConnectionError("broker down")
+
+    app.extensions["aligner_queue"] = Down()
+    response = client.post("/api/v1/jobs", json={"name": "x", "config": config}, headers=bearer(token))
+    assert response.status_code == 503 and "broker down" in response.json["message"]
+    jobs = client.get("/api/v1/jobs", headers=bearer(token)).json["items"]
+    assert jobs[0]["status"] == "failed" and "broker down" in jobs[0]["error"]
+
+
+def test_a_job_may_use_an_uploaded_dataset(client, token, config):
+    upload = client.post(
+        "/api/v1/datasets",
+        data={"file": (io.BytesIO(b'{"prompt": "hi"}\n'), "p.jsonl")},
+        headers=bearer(token),
+    )
+    path = upload.json["path"]
+    config["data"] = {"train_file": path, "val_file": path}
+    job = create_job(client, token, config)
+    assert job["config"]["data"]["train_file"].endswith(path)

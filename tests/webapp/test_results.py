@@ -1,0 +1,178 @@
+"""Job results: metrics and samples queries, checkpoints, the final policy zip, and the Server-Sent Events stream."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zipfile
+from pathlib import Path
+
+from tests.webapp.helpers import bearer, both_backends, create_job
+from webapp.db import Checkpoint, Job, Metric, Sample, add_event, transition
+
+
+def parse_sse(text: str) -> list[dict]:
+    """The events of a text/event-stream body: [{"id": int, "event": str, "data": obj}], comments left out."""
+    events = []
+    for block in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":"))
+        if "data" in fields:
+            events.append({"id": int(fields["id"]), "event": fields["event"], "data": json.loads(fields["data"])})
+    return events
+
+
+@both_backends
+def test_metrics_grouped_by_name_filtered_by_name_and_step(client, token, config, db_session):
+    job = create_job(client, token, config)
+    with db_session() as session:
+        for step in range(4):
+            session.add(Metric(job_id=job["id"], step=step, name="train_rollouts/rewards", value=step / 10))
+            session.add(Metric(job_id=job["id"], step=step, name="train_optim/loss", value=-step))
+        session.add(Metric(job_id=job["id"], step=0, name="val/rewards", value=0.25))
+    url = f"/api/v1/jobs/{job['id']}/metrics"
+
+    everything = client.get(url, headers=bearer(token)).json
+    assert everything["job_id"] == job["id"]
+    assert everything["metrics"]["train_rollouts/rewards"] == [[0, 0.0], [1, 0.1], [2, 0.2], [3, 0.3]]
+    assert set(everything["metrics"]) == {"train_rollouts/rewards", "train_optim/loss", "val/rewards"}
+
+    some = client.get(
+        url, query_string={"name": ["train_optim/loss", "val/rewards"], "since_step": 1}, headers=bearer(token)
+    ).json["metrics"]
+    assert some == {"train_optim/loss": [[2, -2.0], [3, -3.0]]}
+    assert client.get(url, query_string={"since_step": "x"}, headers=bearer(token)).status_code == 422
+
+
+@both_backends
+def test_samples_filters_and_pages(client, token, config, db_session):
+    job = create_job(client, token, config)
+    with db_session() as session:
+        for step in (1, 2):
+            for split in ("train", "validation"):
+                for index in range(3):
+                    reward = step + index / 10
+                    session.add(
+                        Sample(job_id=job["id"], step=step, split=split, index=index, prompt=f"p{index}",
+                               response="r", reward=reward, kl=0.01, advantage=None, is_end=index != 2)
+                    )  # fmt: skip
+    url = f"/api/v1/jobs/{job['id']}/samples"
+
+    train2 = client.get(url, query_string={"step": 2, "split": "train"}, headers=bearer(token)).json
+    assert train2["total"] == 3 and [s["index"] for s in train2["items"]] == [0, 1, 2]
+    assert train2["items"][2] == {
+        "step": 2, "split": "train", "index": 2, "prompt": "p2", "response": "r", "reward": 2.2, "kl": 0.01,
+        "advantage": None, "is_end": False,
+    }  # fmt: skip
+
+    rich = client.get(url, query_string={"min_reward": 1.1, "max_reward": 2.05}, headers=bearer(token)).json
+    assert rich["total"] == 6  # 1.1, 1.2 in both splits at step 1; 2.0 in both at step 2
+    assert {(s["step"], s["reward"]) for s in rich["items"]} == {(1, 1.1), (1, 1.2), (2, 2.0)}
+
+    page2 = client.get(url, query_string={"per_page": 5, "page": 2}, headers=bearer(token)).json
+    assert page2["total"] == 12 and len(page2["items"]) == 5 and page2["items"][0]["step"] == 1
+    bad = client.get(url, query_string={"split": "test", "per_page": 101}, headers=bearer(token))
+    assert bad.status_code == 422 and set(bad.json["errors"]) == {"split", "per_page"}
+
+
+def test_checkpoints_listed_in_step_order(client, token, config, db_session):
+    job = create_job(client, token, config)
+    with db_session() as session:
+        for step in (20, 10):
+            session.add(Checkpoint(job_id=job["id"], step=step, path=f"/runs/step_{step:06d}"))
+    items = client.get(f"/api/v1/jobs/{job['id']}/checkpoints", headers=bearer(token)).json["items"]
+    assert [(c["step"], c["path"]) for c in items] == [(10, "/runs/step_000010"), (20, "/runs/step_000020")]
+
+
+def test_model_download_is_404_until_the_final_policy_exists_then_a_zip(client, token, config):
+    job = create_job(client, token, config)
+    url = f"/api/v1/jobs/{job['id']}/model"
+    missing = client.get(url, headers=bearer(token))
+    assert missing.status_code == 404 and "no final policy" in missing.json["message"]
+
+    policy = Path(job["run_dir"]) / "final_policy"
+    policy.mkdir(parents=True)
+    (policy / "config.json").write_text('{"model_type": "llama"}')
+    (policy / "model.safetensors").write_bytes(b"\0" * 1000)
+    response = client.get(url, headers=bearer(token))
+    assert response.status_code == 200 and response.mimetype == "application/zip"
+    assert f"job_{job['id']}_final_policy.zip" in response.headers["Content-Disposition"]
+    with zipfile.ZipFile(io.BytesIO(response.data)) as archive:
+        assert sorted(archive.namelist()) == ["final_policy/config.json", "final_policy/model.safetensors"]
+        assert archive.read("final_policy/config.json") == b'{"model_type": "llama"}'
+    response.close()
+
+    time.sleep(0.01)
+    (policy / "config.json").write_text('{"model_type": "llama", "v": 2}')  # newer than the cached zip: rebuilt
+    with zipfile.ZipFile(io.BytesIO(client.get(url, headers=bearer(token)).data)) as archive:
+        assert b'"v": 2' in archive.read("final_policy/config.json")
+
+
+@both_backends
+def test_event_stream_sends_events_then_ends_when_the_job_is_final(client, token, config, db_session):
+    job = create_job(client, token, config)
+    with db_session() as session:
+        row = session.get(Job, job["id"])
+        transition(session, row, "running")
+        add_event(session, job["id"], "metrics", {"step": 1, "train_rollouts/rewards": 0.5})
+        transition(session, row, "succeeded", step=1)
+
+    # ?timeout only bounds a broken stream here: a finished job's stream ends by itself, at once.
+    started = time.monotonic()
+    response = client.get(f"/api/v1/jobs/{job['id']}/events?timeout=5", headers=bearer(token))
+    assert response.status_code == 200 and response.mimetype == "text/event-stream"
+    assert response.headers["Cache-Control"] == "no-cache"
+    events = parse_sse(response.get_data(as_text=True))
+    assert [(e["event"], e["data"].get("status")) for e in events] == [
+        ("status", "queued"),
+        ("status", "running"),
+        ("metrics", None),
+        ("status", "succeeded"),
+    ]
+    assert events[2]["data"] == {"step": 1, "train_rollouts/rewards": 0.5}
+    assert [e["id"] for e in events] == sorted(e["id"] for e in events)
+    assert time.monotonic() - started < 2
+
+    # Resumption: the Last-Event-ID header (what EventSource sends on reconnecting), or the query parameter.
+    after = client.get(
+        f"/api/v1/jobs/{job['id']}/events?timeout=5", headers={**bearer(token), "Last-Event-ID": str(events[1]["id"])}
+    )
+    assert [e["id"] for e in parse_sse(after.get_data(as_text=True))] == [events[2]["id"], events[3]["id"]]
+    url = f"/api/v1/jobs/{job['id']}/events?timeout=5&last_event_id={events[2]['id']}"
+    after = client.get(url, headers=bearer(token))
+    assert [e["id"] for e in parse_sse(after.get_data(as_text=True))] == [events[3]["id"]]
+
+
+def test_event_stream_of_a_running_job_follows_new_events_until_timeout(app, client, token, config, db_session):
+    app.config["SSE_HEARTBEAT_INTERVAL"] = 0.05
+    job = create_job(client, token, config)
+    with db_session() as session:
+        transition(session, session.get(Job, job["id"]), "running")
+    response = client.get(f"/api/v1/jobs/{job['id']}/events?timeout=0.6", headers=bearer(token), buffered=False)
+    chunks = response.iter_encoded()
+    text = ""
+    while text.count("event: status") < 2:  # queued and running are there at once
+        text += next(chunks).decode()
+    with db_session() as session:  # written while the stream is open
+        add_event(session, job["id"], "log", {"message": "hello"})
+    started = time.monotonic()
+    text += b"".join(chunks).decode()  # the rest, until the timeout ends the stream
+    assert time.monotonic() - started < 2
+    assert [e["event"] for e in parse_sse(text)] == ["status", "status", "log"]
+    assert parse_sse(text)[-1]["data"] == {"message": "hello"}
+    assert ": heartbeat" in text and text.startswith("retry: ")
+
+
+def test_event_stream_rejects_a_bad_last_event_id(client, token, config):
+    job = create_job(client, token, config)
+    response = client.get(f"/api/v1/jobs/{job['id']}/events", headers={**bearer(token), "Last-Event-ID": "abc"})
+    assert response.status_code == 422 and "Last-Event-ID" in response.json["errors"]
+
+
+def test_event_ids_are_per_job(client, token, config, db_session):
+    first, second = create_job(client, token, config), create_job(client, token, config)
+    with db_session() as session:
+        add_event(session, second["id"], "log", {"message": "not yours"})
+        transition(session, session.get(Job, first["id"]), "cancelled")
+    response = client.get(f"/api/v1/jobs/{first['id']}/events?timeout=5", headers=bearer(token))
+    assert [e["data"]["status"] for e in parse_sse(response.get_data(as_text=True))] == ["queued", "cancelled"]

@@ -1,0 +1,77 @@
+"""`aligner up`: the whole stack on embedded defaults (SQLite, its own Redis, reward server, worker, API)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"aligner up exited with {proc.returncode}"
+        if path.is_file():
+            return json.loads(path.read_text())
+        time.sleep(0.3)
+    raise AssertionError(f"{path} not written after {timeout} s")
+
+
+def _group_alive(pgid: int) -> list[str]:
+    return subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
+
+
+@pytest.mark.slow
+def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_dir):
+    data_dir = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if k not in ("ALIGNER_DATABASE_URL", "ALIGNER_BROKER_URL")}
+    cmd = [sys.executable, "-m", "aligner.cli", "up", "--data-dir", str(data_dir),
+           "--reward-function", "tests.test_trainer:letter_reward"]  # fmt: skip
+    up = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        stack = _wait_for(data_dir / "stack.json", up)
+        assert set(stack) >= {"api_url", "ui_url", "reward_url", "token"}
+        assert (data_dir / "aligner.db").is_file()  # SQLite by default
+        headers = {"Authorization": f"Bearer {stack['token']}"}
+        prompts = tmp_path / "prompts.jsonl"
+        prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("the cat", "a dog", "the sea")))
+        config = {
+            "model": {"policy_path": str(tiny_policy_dir)},
+            "data": {"train_file": str(prompts), "val_file": str(prompts)},
+            "reward": {"server_url": stack["reward_url"]},
+            "generation": {"max_new_tokens": 6},
+            "reinforce": {"num_prompts_per_step": 2, "num_rollouts_per_prompt": 2},
+            "optim": {"lr": 1e-3, "warmup_steps": 1},
+            "trainer": {"max_steps": 3, "val_check_interval": 2, "save_interval": 2},
+        }
+        created = requests.post(f"{stack['api_url']}/api/v1/jobs", json={"name": "t", "config": config},
+                                headers=headers, timeout=30)  # fmt: skip
+        assert created.status_code == 201, created.text
+        job_id = created.json()["id"]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            job = requests.get(f"{stack['api_url']}/api/v1/jobs/{job_id}", headers=headers, timeout=10).json()
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                break
+            time.sleep(0.5)
+        assert job["status"] == "succeeded", job
+        metrics = requests.get(f"{stack['api_url']}/api/v1/jobs/{job_id}/metrics", headers=headers,
+                               params={"name": "train_rollouts/rewards"}, timeout=10).json()  # fmt: skip
+        assert [s for s, _ in metrics["metrics"]["train_rollouts/rewards"]] == [1, 2, 3]
+    finally:
+        up.send_signal(signal.SIGTERM)
+        output, _ = up.communicate(timeout=90)
+    assert up.returncode == 0, output
+    assert "stopped" in output
+    assert set(stack["pids"]) == {"redis", "reward_server", "worker", "api"}
+    for name, pid in stack["pids"].items():
+        assert _group_alive(pid) == [], f"{name} (process group {pid}) still running"

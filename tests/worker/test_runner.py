@@ -1,0 +1,198 @@
+"""The job runner without Celery: lease, stand-down, recovery sweep, commands, messages, and a whole tiny job."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
+
+from tests.worker.conftest import create_job
+from webapp.db import Event, Job, Metric, Sample, session_scope, utcnow
+from worker.runner import (
+    Settings,
+    failure_message,
+    requeue_stale_jobs,
+    run_job,
+    take_lease,
+    trainer_command,
+)
+
+
+def settings(tmp_path, **kw) -> Settings:
+    return Settings(database_url="unused", data_dir=tmp_path / "data", **{"lease_timeout": 5.0, **kw})
+
+
+def job_row(factory, job_id) -> Job:
+    with session_scope(factory) as session:
+        return session.get(Job, job_id)
+
+
+def n_events(factory, job_id) -> int:
+    with session_scope(factory) as session:
+        return session.scalar(select(func.count()).select_from(Event).where(Event.job_id == job_id))
+
+
+def set_fields(factory, job_id, **fields) -> None:
+    with session_scope(factory) as session:
+        job = session.get(Job, job_id)
+        for k, v in fields.items():
+            setattr(job, k, v)
+
+
+def test_lease_is_taken_once_until_it_goes_stale(factory, tmp_path):
+    s = settings(tmp_path)
+    job_id = create_job(factory, {})
+    with session_scope(factory) as session:
+        assert take_lease(session, job_id, "a", s)  # queued
+        session.get(Job, job_id).status = "running"
+    with session_scope(factory) as session:
+        assert not take_lease(session, job_id, "b", s)  # running, live heartbeat
+    set_fields(factory, job_id, heartbeat_at=utcnow() - dt.timedelta(seconds=10))
+    with session_scope(factory) as session:
+        assert take_lease(session, job_id, "b", s)  # running, stale: taken over
+    assert (job_row(factory, job_id).worker, job_row(factory, job_id).attempts) == ("b", 2)
+    set_fields(factory, job_id, status="succeeded", heartbeat_at=utcnow() - dt.timedelta(seconds=10))
+    with session_scope(factory) as session:
+        assert not take_lease(session, job_id, "c", s)  # finished
+
+
+def test_a_second_copy_stands_down_without_touching_anything(factory, tmp_path):
+    job_id = create_job(factory, {}, status="running", worker="other:1:x", heartbeat_at=utcnow(), attempts=1)
+    before = job_row(factory, job_id)
+    events = n_events(factory, job_id)
+    result = run_job(job_id, settings(tmp_path), factory)
+    assert result["outcome"] == "stood_down"
+    after = job_row(factory, job_id)
+    assert (after.status, after.worker, after.heartbeat_at, after.attempts) == (
+        before.status, before.worker, before.heartbeat_at, before.attempts
+    )  # fmt: skip
+    assert n_events(factory, job_id) == events
+
+
+def test_a_job_cancelled_while_queued_never_starts(factory, tmp_path):
+    job_id = create_job(factory, {}, cancel_requested=True)
+    assert run_job(job_id, settings(tmp_path), factory)["outcome"] == "cancelled"
+    assert job_row(factory, job_id).status == "cancelled"
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_bad_config_fails_naming_the_field(factory, tmp_path, job_config):
+    job_id = create_job(factory, job_config(optim={"lr": -1}), tmp_path / "run")
+    assert run_job(job_id, settings(tmp_path), factory)["outcome"] == "failed"
+    job = job_row(factory, job_id)
+    assert job.status == "failed" and "optim.lr" in job.error and not (tmp_path / "run" / "train.log").exists()
+
+
+def test_several_processes_are_refused_until_the_trainer_shards(factory, tmp_path, job_config):
+    job_id = create_job(factory, job_config(), tmp_path / "run", num_processes=2)
+    assert run_job(job_id, settings(tmp_path), factory)["outcome"] == "failed"
+    assert "multi-process training is not supported" in job_row(factory, job_id).error
+
+
+def test_trainer_commands(tmp_path):
+    config = tmp_path / "job.yaml"
+    assert trainer_command(config, False) == [sys.executable, "-m", "aligner.cli", "train", "--config", str(config)]
+    assert trainer_command(config, True, python="py")[-1] == "--resume"
+    assert trainer_command(config, True, num_processes=4, python="py") == [
+        "py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
+        "-m", "aligner.cli", "train", "--config", str(config), "--resume",
+    ]  # fmt: skip
+
+
+def test_failure_message_leads_with_the_trainers_error():
+    tail = "loading...\naligner train: error: reward server http://127.0.0.1:9 cannot be reached (...)"
+    message = failure_message(2, tail)
+    assert message.startswith("the trainer exited with status 2: aligner train: error: reward server http://127.0")
+    assert message.endswith(tail)
+    assert failure_message(-9, "Traceback\nMemoryError").startswith(
+        "the trainer was killed by signal SIGKILL (out of memory?); last output: MemoryError"
+    )
+
+
+def test_the_sweep_requeues_fails_or_cancels_lost_jobs(factory, tmp_path):
+    old = utcnow() - dt.timedelta(seconds=60)
+    lost = create_job(factory, {}, status="running", worker="w:1:a", heartbeat_at=old, attempts=1)
+    live = create_job(factory, {}, status="running", worker="w:2:b", heartbeat_at=utcnow(), attempts=1)
+    exhausted = create_job(factory, {}, status="running", worker="w:3:c", heartbeat_at=old, attempts=3)
+    cancelling = create_job(factory, {}, status="cancelling", worker="w:4:d", heartbeat_at=old, attempts=1)
+    sent = []
+    s = settings(tmp_path, max_attempts=3)
+    recovered = requeue_stale_jobs(s, factory, send=sent.append)
+    assert sorted(recovered) == [(lost, "queued"), (exhausted, "failed"), (cancelling, "cancelled")]
+    assert sent == [lost]
+    assert job_row(factory, live).status == "running"
+    assert "after 3 attempts" in job_row(factory, exhausted).error
+    assert requeue_stale_jobs(s, factory, send=sent.append) == [] and sent == [lost]  # recovered once
+
+
+class FlakyFactory:
+    """Sessions whose commit fails (as when the database goes away) for calls `first`..`last` of the factory."""
+
+    def __init__(self, factory, first: int, last: int):
+        self.factory, self.first, self.last, self.calls, self.failures = factory, first, last, 0, 0
+
+    def __call__(self):
+        session = self.factory()
+        self.calls += 1
+        if self.first <= self.calls <= self.last:
+
+            def commit():
+                self.failures += 1
+                raise OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+
+            session.commit = commit
+        return session
+
+
+def test_a_tiny_job_runs_in_process_on_sqlite(tmp_path, job_config):
+    """The whole runner without Celery: SQLite's upserts, metrics and samples of every step, success; a database
+    that fails for a few ticks mid-run loses nothing (the reading position is rolled back with the transaction)."""
+    from webapp.db import Base, make_engine, make_session_factory
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'aligner.db'}")
+    Base.metadata.create_all(engine)
+    factory = make_session_factory(engine)
+    job_id = create_job(factory, job_config(max_steps=3), tmp_path / "run")
+    flaky = FlakyFactory(factory, first=4, last=8)  # 1: lease, 2: ingestor, 3...: ticks of 0.5 s
+    result = run_job(job_id, settings(tmp_path), flaky)
+    assert result["outcome"] == "succeeded", result
+    assert flaky.failures == 5
+    job = job_row(factory, job_id)
+    assert (job.status, job.step, job.max_steps, job.attempts, job.error) == ("succeeded", 3, 3, 1, None)
+    with session_scope(factory) as session:
+        steps = set(session.scalars(select(Metric.step).where(Metric.job_id == job_id)))
+        samples = session.scalar(select(func.count()).select_from(Sample).where(Sample.job_id == job_id))
+    assert steps == {0, 1, 2, 3} and samples == 6 * 3 + 8 * 3  # validation at 0, 2, 3 (6 prompts); 8 a step
+    assert (tmp_path / "run" / "job.yaml").is_file() and (tmp_path / "run" / "final_policy").is_dir()
+    assert not (tmp_path / "run" / "trainer.pid").exists()
+    engine.dispose()
+
+
+def test_a_stopped_worker_kills_its_trainer_and_releases_the_lease(factory, tmp_path, job_config, monkeypatch):
+    """SystemExit or Ctrl-C in the worker mid-run: no trainer is left, and the sweep re-queues the job at once."""
+    import worker.runner as runner
+
+    job_id = create_job(factory, job_config(max_steps=500, save_interval=1000), tmp_path / "run")
+    ticks = []
+    real_sleep = runner.time.sleep
+
+    def sleep(seconds):
+        ticks.append(seconds)
+        if len(ticks) == 3:
+            raise KeyboardInterrupt
+        real_sleep(seconds)
+
+    monkeypatch.setattr(runner.time, "sleep", sleep)
+    run = runner.JobRun(job_id, settings(tmp_path), factory)
+    with pytest.raises(KeyboardInterrupt):
+        run.run()
+    monkeypatch.undo()
+    assert run.proc.poll() is not None and not (tmp_path / "run" / "trainer.pid").exists()
+    job = job_row(factory, job_id)
+    assert (job.status, job.heartbeat_at) == ("running", None)
+    sent = []
+    assert requeue_stale_jobs(settings(tmp_path), factory, send=sent.append) == [(job_id, "queued")]
+    assert sent == [job_id]

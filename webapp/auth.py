@@ -1,0 +1,31 @@
+"""Bearer-token authentication: `Authorization: Bearer alg_...` (tokens come from `aligner token create`).
+
+@bp.auth_required(auth)     # on a view; 401 without a valid token
+current_user()              # the token's User inside such a view
+"""
+
+from __future__ import annotations
+
+from apiflask import HTTPTokenAuth
+
+from webapp.db import User, user_for_token
+from webapp.extensions import db
+
+auth = HTTPTokenAuth(
+    scheme="Bearer",
+    description="A token from `aligner token create --user NAME`, sent as `Authorization: Bearer TOKEN`.",
+)
+
+
+@auth.verify_token
+def _verify_token(token: str) -> User | None:
+    if not token:
+        return None
+    user = user_for_token(db.session, token)
+    if user is not None:
+        db.session.commit()  # records the token's last use
+    return user
+
+
+def current_user() -> User:
+    return auth.current_user

@@ -1,0 +1,82 @@
+"""Prompt datasets: upload a JSONL prompt file, list yours (`/api/v1/datasets`).
+
+An upload is checked with `aligner.data.read_prompt_file` (422 with the `file:line: reason` of each bad line) and
+stored as DATA_DIR/datasets/user_<id>/<random>.jsonl. The returned `path` is relative to the data folder, which is
+what a job config's relative paths are relative to: `"data": {"train_file": "<path>", ...}`. Uploads may be up to
+MAX_DATASET_SIZE bytes (256 MiB), unlike other requests (MAX_CONTENT_LENGTH, 1 MiB).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from apiflask import APIBlueprint
+from flask import current_app, request
+from sqlalchemy import func, select
+from werkzeug.utils import secure_filename
+
+from aligner.data import PromptDataError, read_prompt_file
+from webapp.auth import auth, current_user
+from webapp.db import Dataset
+from webapp.errors import abort_fields
+from webapp.extensions import db
+from webapp.schemas import DatasetIn, DatasetOut, DatasetPage, PageQuery
+
+bp = APIBlueprint("datasets", __name__, url_prefix="/api/v1/datasets", tag="Datasets")
+
+
+@bp.before_request
+def _larger_uploads() -> None:
+    if request.method == "POST":
+        request.max_content_length = current_app.config["MAX_DATASET_SIZE"]
+
+
+@bp.post("")
+@bp.auth_required(auth)
+@bp.input(DatasetIn, location="form_and_files")
+@bp.output(DatasetOut, status_code=201, description="The stored dataset; use its path in a job config.")
+@bp.doc(responses={413: "File too large"})
+def upload_dataset(form_and_files_data):
+    """Upload a prompt file (multipart field `file`, JSONL)"""
+    upload = form_and_files_data["file"]
+    shown_name = secure_filename(upload.filename or "") or "upload.jsonl"
+    data_dir = Path(current_app.config["DATA_DIR"])
+    folder = data_dir / "datasets" / f"user_{current_user().id}"
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = uuid.uuid4().hex
+    tmp = folder / f".{stem}.uploading"
+    upload.save(tmp)
+    try:
+        records = read_prompt_file(tmp)
+    except PromptDataError as err:
+        tmp.unlink(missing_ok=True)
+        lines = [line.strip() for line in str(err).replace(str(tmp), shown_name).splitlines()]
+        reasons = lines[1:] if len(lines) > 1 else lines
+        abort_fields(422, f"Invalid prompt file {shown_name}", {"file": reasons})
+    path = folder / f"{stem}.jsonl"
+    tmp.rename(path)
+    dataset = Dataset(
+        user_id=current_user().id,
+        name=form_and_files_data.get("name") or shown_name,
+        path=str(path.relative_to(data_dir)),
+        num_prompts=len(records),
+    )
+    db.session.add(dataset)
+    db.session.commit()
+    return dataset
+
+
+@bp.get("")
+@bp.auth_required(auth)
+@bp.input(PageQuery, location="query")
+@bp.output(DatasetPage)
+def list_datasets(query_data):
+    """List your datasets, newest first"""
+    where = Dataset.user_id == current_user().id
+    page, per_page = query_data["page"], query_data["per_page"]
+    total = db.session.scalar(select(func.count()).select_from(Dataset).where(where))
+    items = db.session.scalars(
+        select(Dataset).where(where).order_by(Dataset.id.desc()).offset((page - 1) * per_page).limit(per_page)
+    ).all()
+    return {"items": items, "total": total, "page": page, "per_page": per_page}

@@ -1,0 +1,107 @@
+"""Errors as JSON, one shape for all of them: `{"message": str, "errors": {field: [reason, ...]}}`.
+
+`errors` names each bad input with a dotted path: `name`, `per_page`, `config.optim.lr`, `file`, `body`. It is
+empty when no single field is to blame (401, 404, 409, ...).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NoReturn
+
+from apiflask import APIFlask, HTTPError
+from flask import request
+from werkzeug.exceptions import HTTPException
+
+# Where webargs found the input; dropped from the field names (`json.config.x` -> `config.x`).
+LOCATIONS = ("json", "query", "querystring", "form", "files", "form_and_files", "json_or_form", "headers", "view_args")
+
+# JSON deeper than this is refused before parsing: Python's parser (and copying) would hit the recursion limit.
+MAX_JSON_DEPTH = 64
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_JSON_BRACKET = re.compile(rb"[\[\]{}]")
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "message": {"type": "string", "description": "What went wrong."},
+        "errors": {
+            "type": "object",
+            "description": "Each bad field (dotted path, e.g. config.optim.lr) and the reasons.",
+            "additionalProperties": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+    "required": ["message", "errors"],
+}
+
+
+def abort_fields(status: int, message: str, errors: dict[str, list[str]] | None = None) -> NoReturn:
+    """Stop the request with `status` and the per-field reasons."""
+    raise HTTPError(status, message, extra_data={"errors": errors or {}})
+
+
+def flatten(messages: Any, prefix: str = "") -> dict[str, list[str]]:
+    """marshmallow's nested error messages as `{"a.b": ["reason"]}`."""
+    out: dict[str, list[str]] = {}
+    if isinstance(messages, dict):
+        for key, value in messages.items():
+            key = str(key)
+            if not prefix and key in LOCATIONS:
+                nested = flatten(value, "") if isinstance(value, dict) else {"body": _strings(value)}
+            elif key == "_schema":  # marshmallow's "the whole thing is wrong" (e.g. a list for an object)
+                nested = {prefix or "body": _strings(value)}
+            else:
+                nested = flatten(value, f"{prefix}.{key}" if prefix else key)
+            for k, v in nested.items():
+                out.setdefault(k, []).extend(v)
+    else:
+        out[prefix or "body"] = _strings(messages)
+    return out
+
+
+def _strings(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
+
+
+def json_too_deep(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether `data` nests arrays/objects more than `limit` levels deep (strings ignored; invalid JSON too)."""
+    depth = 0
+    for match in _JSON_BRACKET.finditer(_JSON_STRING.sub(b"", data)):
+        depth += 1 if match.group() in (b"[", b"{") else -1
+        if depth > limit:
+            return True
+    return False
+
+
+def error_body(error: HTTPError) -> tuple[dict, int, Any]:
+    """APIFlask's error processor: every HTTPError (validation, auth, abort) in the one shape."""
+    errors = error.extra_data.get("errors")
+    if errors is None:
+        errors = flatten(error.detail) if error.detail else {}
+    return {"message": error.message, "errors": errors}, error.status_code, error.headers
+
+
+def init_app(app: APIFlask) -> None:
+    app.config["VALIDATION_ERROR_SCHEMA"] = ERROR_SCHEMA
+    app.config["HTTP_ERROR_SCHEMA"] = ERROR_SCHEMA
+    app.error_processor(error_body)
+
+    @app.before_request
+    def _refuse_deep_json() -> None:
+        if request.is_json and request.content_length and json_too_deep(request.get_data(cache=True)):
+            abort_fields(400, "Bad Request", {"body": [f"JSON nested deeper than {MAX_JSON_DEPTH} levels"]})
+
+    # Replaces APIFlask's handler of Werkzeug's exceptions, which drops what webargs attached (the JSON error).
+    @app.errorhandler(HTTPException)
+    def _werkzeug_error(exc: HTTPException):
+        headers = dict(exc.get_headers())
+        headers.pop("Content-Type", None)
+        errors: dict[str, list[str]] = {}
+        cause = getattr(exc, "exc", None)
+        if exc.code == 400 and cause is not None:
+            reason = getattr(cause, "msg", None) or str(cause)
+            position = f" (line {cause.lineno} column {cause.colno})" if hasattr(cause, "lineno") else ""
+            errors["body"] = [f"invalid JSON: {reason}{position}"]
+        elif exc.code == 413:
+            errors["body"] = [f"larger than the limit of {request.max_content_length} bytes"]
+        return app.error_callback(HTTPError(exc.code, exc.name, headers=headers, extra_data={"errors": errors}))

@@ -1,0 +1,201 @@
+"""Jobs: create, list, get, cancel, resume, retry (`/api/v1/jobs`).
+
+Every status change goes through `webapp.db.transition` (the state machine, which also records the event that
+`GET /jobs/{id}/events` streams). A job is queued through `app.extensions["aligner_queue"].enqueue(job_id)` after its
+row is committed, so the worker always finds it.
+
+- cancel: queued -> cancelled at once; running -> cancelling (cancel_requested; the worker stops at the next step,
+  saves a checkpoint and makes it cancelled); cancelling -> unchanged; a finished job -> 409.
+- resume: a finished job with a checkpoint -> queued; the worker continues from the newest checkpoint in run_dir.
+  Metrics, samples, checkpoints, events and step are kept; attempts (the worker's count of starts) goes back to 0.
+- retry: a failed or cancelled job -> queued from scratch: its metrics, samples and checkpoints rows and its run
+  folder are deleted, step and attempts go back to 0. Its events are kept (the stream's ids only grow).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from apiflask import APIBlueprint
+from flask import current_app
+from sqlalchemy import delete, func, select
+
+from webapp.auth import auth, current_user
+from webapp.db import (
+    CANCELLED,
+    CANCELLING,
+    FAILED,
+    FINAL_STATUSES,
+    QUEUED,
+    RUNNING,
+    Checkpoint,
+    Job,
+    Metric,
+    Sample,
+    add_event,
+    transition,
+)
+from webapp.errors import abort_fields
+from webapp.extensions import db
+from webapp.job_config import validate_job_config
+from webapp.schemas import INT32_MAX, JobIn, JobListQuery, JobOut, JobPage
+
+bp = APIBlueprint("jobs", __name__, url_prefix="/api/v1/jobs", tag="Jobs")
+
+
+def get_job_or_404(job_id: int, lock: bool = False) -> Job:
+    """The current user's job `job_id`; another user's job is 404 like a missing one. `lock`: SELECT FOR UPDATE."""
+    if job_id > INT32_MAX:
+        abort_fields(404, f"job {job_id} not found")
+    query = select(Job).where(Job.id == job_id, Job.user_id == current_user().id)
+    job = db.session.scalar(query.with_for_update() if lock else query)
+    if job is None:
+        abort_fields(404, f"job {job_id} not found")
+    return job
+
+
+def run_dir_for(job_id: int) -> Path:
+    return Path(current_app.config["DATA_DIR"]) / "runs" / f"job_{job_id}"
+
+
+def _enqueue(job: Job) -> None:
+    """Hand the committed job to the workers; if the queue fails, the job fails with the reason (503)."""
+    try:
+        current_app.extensions["aligner_queue"].enqueue(job.id)
+    except Exception as err:  # the broker is down or refuses: say so rather than leave a job nobody runs
+        current_app.logger.exception("could not enqueue job %s", job.id)
+        job = get_job_or_404(job.id, lock=True)
+        if job.status == QUEUED:
+            transition(db.session, job, FAILED, error=f"could not enqueue the job: {err}")
+            db.session.commit()
+        abort_fields(503, f"job {job.id} could not be queued: {err}")
+
+
+@bp.post("")
+@bp.auth_required(auth)
+@bp.input(JobIn, location="json")
+@bp.output(JobOut, status_code=201, description="The new job, queued.")
+@bp.doc(responses={413: "Request body too large", 503: "The job queue is unreachable"})
+def create_job(json_data):
+    """Create a training job
+
+    The config is validated like `aligner train --config` does (422 naming each bad field), run_dir is set to
+    DATA_DIR/runs/job_ID, and the job is queued for the workers.
+    """
+    data_dir = Path(current_app.config["DATA_DIR"])
+    result = validate_job_config(
+        json_data["config"], data_dir, run_dir_for(0), check_paths=current_app.config["CHECK_CONFIG_PATHS"]
+    )
+    if isinstance(result, dict):
+        abort_fields(422, "Invalid config", result)
+    config = result.model_dump(mode="json")
+    job = Job(
+        user_id=current_user().id,
+        name=json_data["name"],
+        kind="reinforce",
+        status=QUEUED,
+        config=config,
+        num_processes=json_data["num_processes"],
+        max_steps=result.trainer.max_steps,
+    )
+    db.session.add(job)
+    db.session.flush()  # the id names the run folder
+    job.run_dir = str(run_dir_for(job.id))
+    job.config = {**config, "run_dir": job.run_dir}
+    add_event(db.session, job.id, "status", {"status": QUEUED, "error": None, "step": 0})
+    db.session.commit()
+    _enqueue(job)
+    return job
+
+
+@bp.get("")
+@bp.auth_required(auth)
+@bp.input(JobListQuery, location="query")
+@bp.output(JobPage)
+def list_jobs(query_data):
+    """List your jobs, newest first"""
+    where = [Job.user_id == current_user().id]
+    if "status" in query_data:
+        where.append(Job.status == query_data["status"])
+    page, per_page = query_data["page"], query_data["per_page"]
+    total = db.session.scalar(select(func.count()).select_from(Job).where(*where))
+    items = db.session.scalars(
+        select(Job).where(*where).order_by(Job.id.desc()).offset((page - 1) * per_page).limit(per_page)
+    ).all()
+    return {"items": items, "total": total, "page": page, "per_page": per_page}
+
+
+@bp.get("/<int:job_id>")
+@bp.auth_required(auth)
+@bp.output(JobOut)
+def get_job(job_id: int):
+    """Get a job"""
+    return get_job_or_404(job_id)
+
+
+@bp.post("/<int:job_id>/cancel")
+@bp.auth_required(auth)
+@bp.output(JobOut)
+@bp.doc(responses={409: "The job has already finished"})
+def cancel_job(job_id: int):
+    """Cancel a job
+
+    A queued job is cancelled at once; a running one becomes `cancelling` until its worker stops it at the next step
+    boundary (with a checkpoint, so it can be resumed).
+    """
+    job = get_job_or_404(job_id, lock=True)
+    if job.status == QUEUED:
+        transition(db.session, job, CANCELLED, cancel_requested=True)
+    elif job.status == RUNNING:
+        transition(db.session, job, CANCELLING, cancel_requested=True)
+    elif job.status in FINAL_STATUSES:
+        abort_fields(409, f"job {job.id} has already finished ({job.status})")
+    db.session.commit()
+    return job
+
+
+@bp.post("/<int:job_id>/resume")
+@bp.auth_required(auth)
+@bp.output(JobOut)
+@bp.doc(responses={409: "The job is not finished, or has no checkpoint", 503: "The job queue is unreachable"})
+def resume_job(job_id: int):
+    """Resume a finished job from its newest checkpoint
+
+    Metrics, samples and checkpoints are kept; the worker continues exactly where the checkpoint left off.
+    """
+    job = get_job_or_404(job_id, lock=True)
+    if job.status not in FINAL_STATUSES:
+        abort_fields(409, f"job {job.id} is {job.status}: only a finished job can be resumed")
+    if not db.session.scalar(select(func.count()).select_from(Checkpoint).where(Checkpoint.job_id == job.id)):
+        abort_fields(409, f"job {job.id} has no checkpoint to resume from: retry it instead")
+    # A new start: the worker's count of starts (ALIGNER_MAX_ATTEMPTS) and the old lease begin afresh.
+    transition(db.session, job, QUEUED, attempts=0, worker=None, heartbeat_at=None)
+    db.session.commit()
+    _enqueue(job)
+    return job
+
+
+@bp.post("/<int:job_id>/retry")
+@bp.auth_required(auth)
+@bp.output(JobOut)
+@bp.doc(responses={409: "The job is not failed or cancelled", 503: "The job queue is unreachable"})
+def retry_job(job_id: int):
+    """Run a failed or cancelled job again from scratch
+
+    Deletes its metrics, samples, checkpoints and run folder (events are kept), then queues it.
+    """
+    job = get_job_or_404(job_id, lock=True)
+    if job.status not in (FAILED, CANCELLED):
+        abort_fields(409, f"job {job.id} is {job.status}: only a failed or cancelled job can be retried")
+    for model in (Metric, Sample, Checkpoint):
+        db.session.execute(delete(model).where(model.job_id == job.id))
+    runs = (Path(current_app.config["DATA_DIR"]) / "runs").resolve()
+    run_dir = Path(job.run_dir).resolve()
+    if run_dir.is_relative_to(runs) and run_dir != runs:  # only ever a folder the server made
+        shutil.rmtree(run_dir, ignore_errors=True)
+    fresh = {"step": 0, "attempts": 0, "latest_reward": None, "started_at": None, "worker": None, "heartbeat_at": None}
+    transition(db.session, job, QUEUED, **fresh)
+    db.session.commit()
+    _enqueue(job)
+    return job

@@ -1,0 +1,132 @@
+"""Administration of the training service from the `aligner` command line: migrations and API tokens.
+
+    aligner db upgrade [--database-url URL]          # create or update the schema (Alembic, migrations/)
+    aligner db downgrade REV [--database-url URL]    # e.g. REV=base drops every table
+    aligner token create --user NAME [--name LABEL]  # prints a new bearer token for the REST API
+
+The URL defaults to `webapp.db.database_url()`: env ALIGNER_DATABASE_URL, else a SQLite file under ALIGNER_DATA_DIR.
+Only argparse is imported at module level, so `aligner train` does not need the service's packages.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ALEMBIC_INI = ROOT / "alembic.ini"
+MIGRATIONS_DIR = ROOT / "migrations"
+
+
+def alembic_config(url: str | None = None, configure_logger: bool = True):
+    """An Alembic `Config` for migrations/ and `url` (default `webapp.db.database_url()`)."""
+    from alembic.config import Config
+
+    from webapp.db import database_url
+
+    if not (MIGRATIONS_DIR / "env.py").is_file():
+        from aligner.cli import UserError
+
+        raise UserError(f"migrations not found in {MIGRATIONS_DIR} (install Aligner from its source tree: pip -e .)")
+    config = Config(str(ALEMBIC_INI)) if ALEMBIC_INI.is_file() else Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # Passed as an attribute, not an ini option: a URL may hold '%' (configparser interpolation).
+    config.attributes["database_url"] = url or database_url()
+    config.attributes["configure_logger"] = configure_logger
+    return config
+
+
+def upgrade(url: str | None = None, revision: str = "head", configure_logger: bool = True) -> None:
+    from alembic import command
+
+    command.upgrade(alembic_config(url, configure_logger), revision)
+
+
+def downgrade(url: str | None, revision: str, configure_logger: bool = True) -> None:
+    from alembic import command
+
+    command.downgrade(alembic_config(url, configure_logger), revision)
+
+
+def _database_error(err: Exception, url: str | None) -> Exception:
+    from sqlalchemy.engine import make_url
+
+    from aligner.cli import UserError
+    from webapp.db import database_url
+
+    shown = make_url(url or database_url()).render_as_string(hide_password=True)
+    reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+    return UserError(f"database {shown}: {reason}")
+
+
+def _cmd_db(args: argparse.Namespace) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        if args.db_command == "upgrade":
+            upgrade(args.database_url, args.revision)
+        else:
+            downgrade(args.database_url, args.revision)
+    except OperationalError as err:
+        raise _database_error(err, args.database_url) from None
+
+
+def _cmd_token(args: argparse.Namespace) -> None:
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    from webapp.db import create_token, database_url, make_engine, make_session_factory, session_scope
+
+    engine = make_engine(args.database_url or database_url())
+    try:
+        with session_scope(make_session_factory(engine)) as session:
+            token = create_token(session, args.user, args.name)
+    except (OperationalError, ProgrammingError) as err:
+        error = _database_error(err, args.database_url)
+        if "no such table" in str(error) or "does not exist" in str(error):
+            error.args = (f"{error}; run `aligner db upgrade` first",)
+        raise error from None
+    finally:
+        engine.dispose()
+    print(token)
+
+
+def _cmd_up(args: argparse.Namespace) -> None:
+    from aligner.cli import UserError
+    from webapp.stack import StackError, run
+
+    try:
+        run(args)
+    except StackError as err:
+        raise UserError(str(err)) from None
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register `aligner db ...` and `aligner token ...` on the `aligner` parser's subcommands."""
+    url_help = "database URL (default: env ALIGNER_DATABASE_URL, else a SQLite file under ALIGNER_DATA_DIR)"
+    db = sub.add_parser("db", help="create, upgrade or downgrade the training service's database (Alembic)")
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    up = db_sub.add_parser("upgrade", help="migrate to a newer revision (default: the newest)")
+    up.add_argument("revision", nargs="?", default="head", help="target revision (default: head)")
+    up.add_argument("--database-url", help=url_help)
+    down = db_sub.add_parser("downgrade", help="migrate back to revision REV ('base': drop every table)")
+    down.add_argument("revision", help="target revision, e.g. base or -1")
+    down.add_argument("--database-url", help=url_help)
+    db.set_defaults(func=_cmd_db)
+
+    token = sub.add_parser("token", help="manage bearer tokens of the training service's REST API")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    create = token_sub.add_parser("create", help="create a token (and the user, if new); prints it once")
+    create.add_argument("--user", required=True, help="user name")
+    create.add_argument("--name", default="", help="a label for the token, e.g. laptop")
+    create.add_argument("--database-url", help=url_help)
+    token.set_defaults(func=_cmd_token)
+
+    up = sub.add_parser("up", help="start the whole service locally: database, broker, reward server, worker, API")
+    up.add_argument("--data-dir", default="aligner_data", help="database, runs, logs and stack.json go here")
+    up.add_argument("--host", default="127.0.0.1", help="address of the API (default 127.0.0.1)")
+    up.add_argument("--port", type=int, help="API port (default: a free one)")
+    up.add_argument("--reward-model", help="serve this reward model (Hugging Face folder) with aligner serve-reward")
+    up.add_argument("--reward-function", help="or serve this reward function 'module:callable'")
+    up.add_argument("--demo", action="store_true", help="build the demo assets if needed and submit a demo job")
+    up.add_argument("--exit-after-demo", action="store_true", help="with --demo: stop the stack when the job ends")
+    up.set_defaults(func=_cmd_up)

@@ -1,0 +1,217 @@
+"""What a job produced: metrics, samples, checkpoints, the final policy, and its live event stream.
+
+`GET /api/v1/jobs/{id}/events` is Server-Sent Events: each Event row as
+
+    id: 42
+    event: status
+    data: {"status": "running", "error": null, "step": 0}
+
+polled from the database every SSE_POLL_INTERVAL seconds (0.25) with a fresh session each time, starting after
+`Last-Event-ID` (the header a reconnecting EventSource sends) or `?last_event_id=`. The stream ends once the job is
+finished and every event was sent, or after `?timeout=` seconds; a `: heartbeat` comment every
+SSE_HEARTBEAT_INTERVAL seconds (15) keeps proxies from closing an idle stream. Each open stream holds one server
+thread: run the API with a threaded server (gunicorn gthread, or `flask run`, which is threaded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from apiflask import APIBlueprint
+from apiflask.schemas import FileSchema
+from flask import Response, current_app, request, send_file
+from sqlalchemy import func, select
+
+from webapp.auth import auth
+from webapp.db import FINAL_STATUSES, Checkpoint, Event, Job, Metric, Sample
+from webapp.errors import abort_fields
+from webapp.extensions import db
+from webapp.jobs import get_job_or_404
+from webapp.schemas import (
+    INT32_MAX,
+    CheckpointList,
+    EventsQuery,
+    MetricsOut,
+    MetricsQuery,
+    SamplePage,
+    SamplesQuery,
+)
+
+bp = APIBlueprint("results", __name__, url_prefix="/api/v1/jobs", tag="Job results")
+
+FINAL_POLICY_DIR = "final_policy"  # as aligner.trainer writes it
+EVENT_BATCH = 500
+
+
+@bp.get("/<int:job_id>/metrics")
+@bp.auth_required(auth)
+@bp.input(MetricsQuery, location="query")
+@bp.output(MetricsOut)
+def get_metrics(job_id: int, query_data):
+    """A job's metrics, grouped by name: {"train_rollouts/rewards": [[step, value], ...], ...}"""
+    job = get_job_or_404(job_id)
+    query = select(Metric.name, Metric.step, Metric.value).where(Metric.job_id == job.id)
+    if query_data.get("name"):
+        query = query.where(Metric.name.in_(query_data["name"]))
+    if "since_step" in query_data:
+        query = query.where(Metric.step > query_data["since_step"])
+    metrics: dict[str, list[tuple[int, float]]] = {}
+    for name, step, value in db.session.execute(query.order_by(Metric.name, Metric.step)):
+        metrics.setdefault(name, []).append((step, value))
+    return {"job_id": job.id, "metrics": metrics}
+
+
+@bp.get("/<int:job_id>/samples")
+@bp.auth_required(auth)
+@bp.input(SamplesQuery, location="query")
+@bp.output(SamplePage)
+def get_samples(job_id: int, query_data):
+    """A job's logged generations, by step, split and position"""
+    job = get_job_or_404(job_id)
+    where = [Sample.job_id == job.id]
+    if "step" in query_data:
+        where.append(Sample.step == query_data["step"])
+    if "split" in query_data:
+        where.append(Sample.split == query_data["split"])
+    if "min_reward" in query_data:
+        where.append(Sample.reward >= query_data["min_reward"])
+    if "max_reward" in query_data:
+        where.append(Sample.reward <= query_data["max_reward"])
+    page, per_page = query_data["page"], query_data["per_page"]
+    total = db.session.scalar(select(func.count()).select_from(Sample).where(*where))
+    items = db.session.scalars(
+        select(Sample)
+        .where(*where)
+        .order_by(Sample.step, Sample.split, Sample.index)
+        .offset((page - 1) * per_page)
+        .limit(per_page)
+    ).all()
+    return {"items": items, "total": total, "page": page, "per_page": per_page}
+
+
+@bp.get("/<int:job_id>/checkpoints")
+@bp.auth_required(auth)
+@bp.output(CheckpointList)
+def list_checkpoints(job_id: int):
+    """A job's checkpoints, oldest first"""
+    job = get_job_or_404(job_id)
+    items = db.session.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step)).all()
+    return {"items": items}
+
+
+def _newest_mtime(folder: Path) -> float:
+    return max([folder.stat().st_mtime, *(p.stat().st_mtime for p in folder.rglob("*"))])
+
+
+def _final_policy_zip(folder: Path) -> Path:
+    """run_dir/final_policy.zip, rebuilt when the folder changed since (weights are stored, not compressed)."""
+    target = folder.parent / f"{FINAL_POLICY_DIR}.zip"
+    if target.is_file() and target.stat().st_mtime >= _newest_mtime(folder):
+        return target
+    fd, tmp = tempfile.mkstemp(dir=folder.parent, prefix=".final_policy-", suffix=".zip")
+    try:
+        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as archive:
+            for path in sorted(folder.rglob("*")):
+                if path.is_file():
+                    archive.write(path, Path(FINAL_POLICY_DIR) / path.relative_to(folder))
+        os.replace(tmp, target)  # atomic: a concurrent download sees the old zip or the new one
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+@bp.get("/<int:job_id>/model")
+@bp.auth_required(auth)
+@bp.output(FileSchema(type="string", format="binary"), content_type="application/zip", description="A zip file.")
+@bp.doc(responses={404: "No such job, or its final policy does not exist yet"})
+def download_model(job_id: int):
+    """Download the aligned policy (a zip of run_dir/final_policy, a Hugging Face folder)"""
+    job = get_job_or_404(job_id)
+    folder = Path(job.run_dir) / FINAL_POLICY_DIR
+    if not job.run_dir or not folder.is_dir():
+        abort_fields(404, f"job {job.id} has no final policy yet (status {job.status})")
+    return send_file(
+        _final_policy_zip(folder),
+        mimetype="application/zip",
+        as_attachment=True,
+        download_name=f"job_{job.id}_final_policy.zip",
+    )
+
+
+def _sse(event: Event) -> str:
+    data = json.dumps(event.payload, separators=(",", ":"))
+    return f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n"
+
+
+@bp.get("/<int:job_id>/events")
+@bp.auth_required(auth)
+@bp.input(EventsQuery, location="query")
+@bp.doc(
+    responses={
+        200: {
+            "description": "A text/event-stream of the job's events (id = event id, event = kind, data = JSON).",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        }
+    },
+    extensions={"x-last-event-id-header": "Last-Event-ID: resume after this event id"},
+)
+def stream_events(job_id: int, query_data):
+    """Stream a job's events (Server-Sent Events) until it finishes"""
+    get_job_or_404(job_id)
+    last_id = query_data.get("last_event_id", 0)
+    header = request.headers.get("Last-Event-ID")
+    if header:
+        if not header.strip().isdigit() or int(header) > INT32_MAX:
+            reason = f"must be an integer from 0 to {INT32_MAX}"
+            abort_fields(422, "Invalid Last-Event-ID", {"Last-Event-ID": [reason]})
+        last_id = int(header)
+    timeout = query_data.get("timeout")
+    poll = current_app.config["SSE_POLL_INTERVAL"]
+    heartbeat = current_app.config["SSE_HEARTBEAT_INTERVAL"]
+    factory = db.session_factory
+    db.close_session()  # the stream polls with short sessions of its own: no connection held in between
+
+    def generate():
+        nonlocal last_id
+        start = last_output = time.monotonic()
+        yield "retry: 2000\n\n"
+        while True:
+            with factory() as session:
+                # The status first: a final status read here means its event is visible to the next query.
+                status = session.scalar(select(Job.status).where(Job.id == job_id))
+                events = session.scalars(
+                    select(Event)
+                    .where(Event.job_id == job_id, Event.id > last_id)
+                    .order_by(Event.id)
+                    .limit(EVENT_BATCH)
+                ).all()
+            for event in events:
+                yield _sse(event)
+                last_id = event.id
+            now = time.monotonic()
+            final = status is None or status in FINAL_STATUSES
+            if final and not events:
+                return
+            if timeout is not None and now - start >= timeout:
+                return
+            if events:
+                last_output = now
+                if final or len(events) == EVENT_BATCH:
+                    continue  # more may be waiting: no pause
+            if now - last_output >= heartbeat:
+                yield ": heartbeat\n\n"
+                last_output = now
+            wait = poll if timeout is None else max(0.0, min(poll, start + timeout - now))
+            time.sleep(wait)
+
+    return Response(
+        generate(),
+        mimetype="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

@@ -1,0 +1,199 @@
+"""marshmallow schemas of every request and response of the REST API (they make the OpenAPI document too)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from apiflask import Schema
+from apiflask.fields import Boolean, DateTime, Dict, File, Float, Integer, List, Nested, String, Tuple
+from apiflask.validators import Length, OneOf, Range
+from marshmallow import ValidationError
+
+from webapp.db import STATUSES
+
+INT32_MAX = 2**31 - 1  # integer columns are 32-bit on PostgreSQL: larger ids and steps cannot exist
+MAX_PER_PAGE = 100
+SPLITS = ("train", "validation")
+
+
+def no_nul(value: str) -> None:
+    """PostgreSQL text cannot hold NUL characters: refuse them (422) instead of failing in the database (500)."""
+    if "\x00" in value:
+        raise ValidationError("must not contain NUL characters")
+
+
+class UTCDateTime(DateTime):
+    """The database keeps naive UTC times; the API says so (`2026-11-22T19:00:00+00:00`)."""
+
+    def _serialize(self, value, attr, obj, **kwargs):
+        if isinstance(value, dt.datetime) and value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return super()._serialize(value, attr, obj, **kwargs)
+
+
+class PageQuery(Schema):
+    page = Integer(load_default=1, validate=Range(min=1, max=INT32_MAX), metadata={"description": "From 1."})
+    per_page = Integer(
+        load_default=20, validate=Range(min=1, max=MAX_PER_PAGE), metadata={"description": "At most 100."}
+    )
+
+
+class PageOut(Schema):
+    total = Integer(required=True, metadata={"description": "Items matching the filters, on all pages."})
+    page = Integer(required=True)
+    per_page = Integer(required=True)
+
+
+# ----------------------------------------------------------------------------------------------------------- jobs
+class JobIn(Schema):
+    name = String(required=True, validate=[Length(min=1, max=200), no_nul], metadata={"example": "rloo-lr1e-6"})
+    config = Dict(
+        keys=String(),
+        required=True,
+        metadata={
+            "description": "The training config, in the shape `aligner train --config` reads (aligner/config.py). "
+            "Relative paths are relative to the server's data folder; run_dir is set by the server.",
+            "example": {
+                "model": {"policy_path": "models/tiny-sft"},
+                "data": {"train_file": "datasets/user_1/abc.jsonl", "val_file": "datasets/user_1/def.jsonl"},
+                "reward": {"function": "aligner.demo:reward"},
+                "trainer": {"max_steps": 50},
+            },
+        },
+    )
+    num_processes = Integer(
+        load_default=1,
+        strict=True,
+        validate=Range(min=1, max=8),
+        metadata={"description": "Training processes (data parallel) the worker starts."},
+    )
+
+
+class JobOut(Schema):
+    id = Integer(required=True)
+    name = String(required=True)
+    kind = String(required=True)
+    status = String(required=True, metadata={"enum": list(STATUSES)})
+    config = Dict(keys=String(), required=True, metadata={"description": "The resolved config (every default)."})
+    run_dir = String(required=True)
+    num_processes = Integer(required=True)
+    created_at = UTCDateTime(required=True)
+    started_at = UTCDateTime(allow_none=True)
+    finished_at = UTCDateTime(allow_none=True)
+    error = String(allow_none=True)
+    worker = String(allow_none=True, metadata={"description": "The worker running the job (its lease)."})
+    heartbeat_at = UTCDateTime(allow_none=True)
+    cancel_requested = Boolean(required=True)
+    attempts = Integer(required=True)
+    step = Integer(required=True, metadata={"description": "Last optimiser step done."})
+    max_steps = Integer(required=True)
+    latest_reward = Float(allow_none=True, metadata={"description": "Mean train reward of the last step."})
+
+
+class JobListQuery(PageQuery):
+    status = String(validate=OneOf(STATUSES), metadata={"description": "Only jobs in this status."})
+
+
+class JobPage(PageOut):
+    items = List(Nested(JobOut), required=True)
+
+
+# -------------------------------------------------------------------------------------------------- job results
+class MetricsQuery(Schema):
+    name = List(
+        String(validate=[Length(max=100), no_nul]),
+        metadata={"description": "Only these metrics (repeat the parameter for several)."},
+    )
+    since_step = Integer(
+        validate=Range(min=-1, max=INT32_MAX), metadata={"description": "Only steps after this one (exclusive)."}
+    )
+
+
+class MetricsOut(Schema):
+    job_id = Integer(required=True)
+    metrics = Dict(
+        keys=String(),
+        values=List(
+            Tuple(
+                (Integer(), Float()),
+                metadata={"type": "array", "description": "[step, value]", "minItems": 2, "maxItems": 2},
+            )
+        ),
+        required=True,
+        metadata={
+            "description": "Each metric's [step, value] pairs in step order.",
+            "example": {"train_rollouts/rewards": [[1, 0.12], [2, 0.19]]},
+        },
+    )
+
+
+class SamplesQuery(PageQuery):
+    step = Integer(validate=Range(min=0, max=INT32_MAX))
+    split = String(validate=OneOf(SPLITS))
+    min_reward = Float(allow_nan=False, metadata={"description": "Only samples with reward >= this."})
+    max_reward = Float(allow_nan=False, metadata={"description": "Only samples with reward <= this."})
+
+
+class SampleOut(Schema):
+    step = Integer(required=True)
+    split = String(required=True)
+    index = Integer(required=True, metadata={"description": "Position within (step, split)."})
+    prompt = String(required=True)
+    response = String(required=True)
+    reward = Float(required=True)
+    kl = Float(allow_none=True)
+    advantage = Float(allow_none=True)
+    is_end = Boolean(required=True, metadata={"description": "The response ended properly (EOS or end string)."})
+
+
+class SamplePage(PageOut):
+    items = List(Nested(SampleOut), required=True)
+
+
+class CheckpointOut(Schema):
+    step = Integer(required=True)
+    path = String(required=True)
+    created_at = UTCDateTime(required=True)
+
+
+class CheckpointList(Schema):
+    items = List(Nested(CheckpointOut), required=True)
+
+
+class EventsQuery(Schema):
+    last_event_id = Integer(
+        validate=Range(min=0, max=INT32_MAX),
+        metadata={"description": "Send only events after this id (the `Last-Event-ID` header wins if both)."},
+    )
+    timeout = Float(
+        validate=Range(min=0, max=86400),
+        metadata={"description": "End the stream after this many seconds even if the job is still running."},
+    )
+
+
+# ----------------------------------------------------------------------------------------------------- datasets
+class DatasetIn(Schema):
+    file = File(required=True, metadata={"description": "A prompt JSONL file (see aligner/data.py)."})
+    name = String(validate=[Length(min=1, max=200), no_nul], metadata={"description": "Default: the file's name."})
+
+
+class DatasetOut(Schema):
+    id = Integer(required=True)
+    name = String(required=True)
+    path = String(
+        required=True,
+        metadata={"description": "Relative to the data folder: use it as data.train_file or data.val_file."},
+    )
+    num_prompts = Integer(required=True)
+    created_at = UTCDateTime(required=True)
+
+
+class DatasetPage(PageOut):
+    items = List(Nested(DatasetOut), required=True)
+
+
+# ------------------------------------------------------------------------------------------------------- health
+class HealthOut(Schema):
+    status = String(required=True, metadata={"enum": ["ok", "error"]})
+    database = String(required=True, metadata={"description": "ok, or why the database cannot be reached."})
+    version = String(required=True)

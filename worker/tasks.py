@@ -1,0 +1,22 @@
+"""Celery tasks of the training service. Tasks receive ids, never ORM objects; the work is in worker/runner.py."""
+
+from __future__ import annotations
+
+from sqlalchemy.exc import OperationalError
+
+from worker.celery_app import RUN_JOB, app
+
+
+@app.task(bind=True, name=RUN_JOB, max_retries=None)
+def run_job(self, job_id: int) -> dict:
+    """Run training job `job_id`: lease, launch the trainer, follow it into SQL, record the end (or stand down).
+
+    While the database is unreachable the task is sent again later (every 5 s, doubling up to 60 s): a queued job
+    never loses its message to an outage. A job left running meanwhile is resumed from its last checkpoint.
+    """
+    from worker.runner import run_job as run
+
+    try:
+        return run(int(job_id))
+    except OperationalError as err:
+        raise self.retry(exc=err, countdown=min(60, 5 * 2**self.request.retries)) from err
