@@ -116,6 +116,9 @@ class Stack:
         for proc in self.children.values():
             _signal_group(proc, signal.SIGKILL)  # also any grandchild (a trainer) left in the group
             proc.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_group_exists(p.pid) for p in self.children.values()):
+            time.sleep(0.1)  # orphaned grandchildren are reaped by init shortly after the kill
 
     # ------------------------------------------------------------------------------------------- start
     def start(self) -> dict[str, str | None]:
@@ -287,6 +290,16 @@ def _values(body, name: str) -> list[float]:
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _port_open(port: int) -> bool:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +25,19 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> dict:
             return json.loads(path.read_text())
         time.sleep(0.3)
     raise AssertionError(f"{path} not written after {timeout} s")
+
+
+def _read_events(stack: dict, job_id: int, arrivals: dict) -> None:
+    """Note when the SSE stream first brings each step's metrics event."""
+    headers = {"Authorization": f"Bearer {stack['token']}"}
+    url = f"{stack['api_url']}/api/v1/jobs/{job_id}/events"
+    with requests.get(url, headers=headers, stream=True, timeout=120) as response:
+        kind = None
+        for line in response.iter_lines(decode_unicode=True):
+            if line.startswith("event:"):
+                kind = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and kind == "metrics":
+                arrivals.setdefault(json.loads(line[5:])["step"], time.monotonic())
 
 
 def _group_alive(pgid: int) -> list[str]:
@@ -57,6 +71,20 @@ def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_di
                                 headers=headers, timeout=30)  # fmt: skip
         assert created.status_code == 201, created.text
         job_id = created.json()["id"]
+        arrivals, written = {}, {}
+        reader = threading.Thread(target=_read_events, args=(stack, job_id, arrivals), daemon=True)
+        reader.start()
+        metrics_file = data_dir / "runs" / f"job_{job_id}" / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(written) < 4:  # steps 0..3 appear in the trainer's file
+            if metrics_file.is_file():
+                for line in metrics_file.read_text().splitlines():
+                    written.setdefault(json.loads(line)["step"], time.monotonic())
+            time.sleep(0.02)
+        reader.join(60)
+        # Each step reaches an SSE client within 2 s of the trainer writing it.
+        delays = {step: arrivals[step] - written[step] for step in written}
+        assert set(delays) == {0, 1, 2, 3} and max(delays.values()) < 2.0, delays
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             job = requests.get(f"{stack['api_url']}/api/v1/jobs/{job_id}", headers=headers, timeout=10).json()
