@@ -9,12 +9,14 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 import requests
 
 ROOT = Path(__file__).resolve().parents[2]
+REDIS_URL = os.environ.get("ALIGNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> dict:
@@ -44,17 +46,40 @@ def _group_alive(pgid: int) -> list[str]:
     return subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
 
 
-@pytest.mark.slow
-def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_dir):
-    data_dir = tmp_path / "data"
+@pytest.fixture(params=["embedded", "postgres+redis"])
+def service_env(request):
+    """Embedded defaults (SQLite, a Redis of its own), or the machine's PostgreSQL (fresh schema) and Redis."""
     env = {k: v for k, v in os.environ.items() if k not in ("ALIGNER_DATABASE_URL", "ALIGNER_BROKER_URL")}
+    if request.param == "embedded":
+        yield env
+        return
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except redis.RedisError as err:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"Redis at {REDIS_URL} is unreachable: {err}")
+        pytest.skip(f"Redis at {REDIS_URL} is unreachable: {err}")
+    from tests.webapp.databases import postgres_schema
+
+    with postgres_schema() as url:
+        queue = f"aligner-test-{uuid.uuid4().hex[:8]}"
+        yield {**env, "ALIGNER_DATABASE_URL": url, "ALIGNER_BROKER_URL": REDIS_URL, "ALIGNER_QUEUE": queue}
+
+
+@pytest.mark.slow
+def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_dir, service_env):
+    data_dir = tmp_path / "data"
+    env = service_env
     cmd = [sys.executable, "-m", "aligner.cli", "up", "--data-dir", str(data_dir),
            "--reward-function", "tests.test_trainer:letter_reward"]  # fmt: skip
     up = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         stack = _wait_for(data_dir / "stack.json", up)
         assert set(stack) >= {"api_url", "ui_url", "reward_url", "token"}
-        assert (data_dir / "aligner.db").is_file()  # SQLite by default
+        if "ALIGNER_DATABASE_URL" not in env:
+            assert (data_dir / "aligner.db").is_file()  # SQLite by default
         headers = {"Authorization": f"Bearer {stack['token']}"}
         prompts = tmp_path / "prompts.jsonl"
         prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("the cat", "a dog", "the sea")))
@@ -100,6 +125,7 @@ def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_di
         output, _ = up.communicate(timeout=90)
     assert up.returncode == 0, output
     assert "stopped" in output
-    assert set(stack["pids"]) == {"redis", "reward_server", "worker", "api"}
+    own_redis = "ALIGNER_BROKER_URL" not in env
+    assert set(stack["pids"]) == {"reward_server", "worker", "api"} | ({"redis"} if own_redis else set())
     for name, pid in stack["pids"].items():
         assert _group_alive(pid) == [], f"{name} (process group {pid}) still running"
