@@ -55,17 +55,20 @@ def _check_line(obj: Any) -> PromptRecord | str:
     return PromptRecord(messages=[{"role": m["role"], "content": m["content"]} for m in messages], metadata=extra)
 
 
-def read_prompt_file(path: str | Path) -> list[PromptRecord]:
-    """Read and validate a prompt JSONL file; raise PromptDataError listing the bad lines."""
+def read_jsonl_records(path: str | Path, check_line, what: str, items: str, error=PromptDataError) -> list:
+    """Read a JSONL file whose every non-empty line `check_line` turns into a record or a reason it is bad.
+
+    Raises `error` naming the file, and for bad lines `file:line: reason` (the first MAX_REPORTED_ERRORS of them);
+    `what` ("prompt file") and `items` ("prompts") word the messages. An empty file is an error too.
+    """
     path = Path(path)
     if not path.is_file():
-        raise PromptDataError(f"{path}: prompt file not found")
+        raise error(f"{path}: {what} not found")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
     records, errors = [], []
-    with path.open(encoding="utf-8", errors="strict") as f:
-        try:
-            lines = list(f)
-        except UnicodeDecodeError as err:
-            raise PromptDataError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -74,19 +77,22 @@ def read_prompt_file(path: str | Path) -> list[PromptRecord]:
         except json.JSONDecodeError as err:
             errors.append(f"{path}:{lineno}: invalid JSON: {err.msg} (column {err.colno})")
             continue
-        result = _check_line(obj)
+        result = check_line(obj)
         if isinstance(result, str):
             errors.append(f"{path}:{lineno}: {result}")
         else:
             records.append(result)
     if errors:
         more = f"\n  ... and {len(errors) - MAX_REPORTED_ERRORS} more" if len(errors) > MAX_REPORTED_ERRORS else ""
-        raise PromptDataError(
-            f"{len(errors)} bad line(s) in prompt file:\n  " + "\n  ".join(errors[:MAX_REPORTED_ERRORS]) + more
-        )
+        raise error(f"{len(errors)} bad line(s) in {what}:\n  " + "\n  ".join(errors[:MAX_REPORTED_ERRORS]) + more)
     if not records:
-        raise PromptDataError(f"{path}: prompt file has no prompts")
+        raise error(f"{path}: {what} has no {items}")
     return records
+
+
+def read_prompt_file(path: str | Path) -> list[PromptRecord]:
+    """Read and validate a prompt JSONL file; raise PromptDataError listing the bad lines."""
+    return read_jsonl_records(path, _check_line, "prompt file", "prompts")
 
 
 def has_chat_template(tokenizer) -> bool:

@@ -27,7 +27,6 @@ warmup then linear decay to 0, gradient clipping. Validation (before the first s
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from pydantic import Field, model_validator
 
 from aligner.algorithms.bradley_terry import bradley_terry_loss, preference_accuracy, preference_margin
 from aligner.config import Section, save_config
-from aligner.data import MAX_REPORTED_ERRORS, PromptDataError, PromptSampler
+from aligner.data import PromptDataError, PromptSampler, read_jsonl_records
 from aligner.metrics import METRICS_FILE, RunLog, read_jsonl
 
 CONFIG_FILE = "train_config.yaml"
@@ -171,35 +170,7 @@ def _check_pair_line(obj) -> PreferencePair | str:
 
 def read_preference_file(path: str | Path) -> list[PreferencePair]:
     """Read and validate a preference JSONL file; raise PreferenceDataError listing the bad lines."""
-    path = Path(path)
-    if not path.is_file():
-        raise PreferenceDataError(f"{path}: preference file not found")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as err:
-        raise PreferenceDataError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
-    pairs, errors = [], []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            errors.append(f"{path}:{lineno}: invalid JSON: {err.msg} (column {err.colno})")
-            continue
-        result = _check_pair_line(obj)
-        if isinstance(result, str):
-            errors.append(f"{path}:{lineno}: {result}")
-        else:
-            pairs.append(result)
-    if errors:
-        more = f"\n  ... and {len(errors) - MAX_REPORTED_ERRORS} more" if len(errors) > MAX_REPORTED_ERRORS else ""
-        raise PreferenceDataError(
-            f"{len(errors)} bad line(s) in preference file:\n  " + "\n  ".join(errors[:MAX_REPORTED_ERRORS]) + more
-        )
-    if not pairs:
-        raise PreferenceDataError(f"{path}: preference file has no pairs")
-    return pairs
+    return read_jsonl_records(path, _check_pair_line, "preference file", "pairs", PreferenceDataError)
 
 
 @dataclass

@@ -54,37 +54,14 @@ WORDS = [
 def build_reward_model(folder: Path) -> Path:
     """Byte-level BPE tokenizer (vocab 512) and a random Llama sequence classifier with one label."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+    from transformers import LlamaForSequenceClassification
+    from workload import bpe_tokenizer, llama_config
 
     rng = random.Random(0)
     corpus = [" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(2000)]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(
-        corpus,
-        trainers.BpeTrainer(
-            vocab_size=512,
-            show_progress=False,
-            special_tokens=["<pad>", "<s>", "</s>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        ),
-    )
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tokenizer = bpe_tokenizer(corpus)
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        max_position_embeddings=256,
-        num_labels=1,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    config = llama_config(tokenizer, num_labels=1)
     out = folder / "reward_model"
     LlamaForSequenceClassification(config).save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
