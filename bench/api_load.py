@@ -93,26 +93,20 @@ def postgres_schema(server_url: str) -> Iterator[str]:
 
     from webapp.db import make_engine
 
-    if not server_url.startswith(("postgresql://", "postgresql+psycopg://")):
-        raise SystemExit(f"--database-url must be a PostgreSQL URL (postgresql://...), not {server_url!r}")
     schema = f"bench_api_{uuid.uuid4().hex[:12]}"
     admin = make_engine(server_url)
     try:
         with admin.begin() as conn:
             conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except BaseException:
-        admin.dispose()
-        raise
-    try:
         separator = "&" if "?" in server_url else "?"
         yield f"{server_url}{separator}options={quote(f'-csearch_path={schema}')}"
-    finally:
+    finally:  # also after an interrupted CREATE: the schema may exist
         try:
             with admin.begin() as conn:
                 conn.execute(text("SET lock_timeout = '20s'"))
                 conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-        except Exception as err:  # noqa: BLE001 - say what is left behind rather than hide the first error
-            print(f"could not drop schema {schema}: {err}; drop it by hand", file=sys.stderr)
+        except Exception as err:  # noqa: BLE001 - say what may be left behind rather than hide the first error
+            print(f"could not drop schema {schema} (if it exists): {err}; drop it by hand", file=sys.stderr)
         finally:
             admin.dispose()
 
@@ -247,6 +241,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextmanager
+def deferred_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM received inside the block take effect at its end (as KeyboardInterrupt / SystemExit)."""
+    received: list[int] = []
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda number, _frame: received.append(number)) for s in signals}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        if received:
+            signal.raise_signal(received[0])  # now handled by the restored handler
+
+
 class ApiServer:
     """The API as a subprocess in its own session; `stop()` sends SIGTERM (SIGKILL to its group after 15 s)."""
 
@@ -264,14 +273,16 @@ class ApiServer:
         env.update(ALIGNER_DATA_DIR=str(data_dir), ALIGNER_DATABASE_URL=database_url, PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         self.log = tempfile.NamedTemporaryFile("w+", prefix="bench-api-server-", suffix=".log", delete=False)  # noqa: SIM115
-        # Own session: a Ctrl-C in the terminal reaches only this script, which then stops the server itself.
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        self.proc: subprocess.Popen | None = None
         try:
+            with deferred_signals():  # a Ctrl-C inside Popen would leave a server nobody stops
+                # Own session: a Ctrl-C in the terminal reaches only this script, which then stops the server.
+                self.proc = subprocess.Popen(
+                    cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+                )
             self._wait_ready()
-        except BaseException:
-            self.stop(failed=True)
+        except BaseException as err:
+            self.stop(failed=not isinstance(err, KeyboardInterrupt | SystemExit))
             raise
 
     def _wait_ready(self) -> None:
@@ -291,7 +302,7 @@ class ApiServer:
         return Path(self.log.name).read_text(errors="replace")
 
     def stop(self, failed: bool = False) -> None:
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(15)
@@ -308,7 +319,7 @@ class ApiServer:
         return self
 
     def __exit__(self, exc_type, *_) -> None:
-        self.stop(failed=exc_type is not None)
+        self.stop(failed=exc_type is not None and not issubclass(exc_type, KeyboardInterrupt | SystemExit))
 
 
 # ------------------------------------------------------------------------------------------------- load
@@ -398,10 +409,10 @@ def run_cell(server: ApiServer, token: str, endpoint: Endpoint, clients: int, wa
     return {
         "requests": int(lat.size),
         "seconds": round(elapsed, 3),
-        "requests_per_s": lat.size / elapsed,
-        "p50_ms": float(np.percentile(lat, 50)),
-        "p99_ms": float(np.percentile(lat, 99)),
-        "mean_ms": float(lat.mean()),
+        "requests_per_s": round(lat.size / elapsed, 2),
+        "p50_ms": round(float(np.percentile(lat, 50)), 3),
+        "p99_ms": round(float(np.percentile(lat, 99)), 3),
+        "mean_ms": round(float(lat.mean()), 3),
         "bytes_per_response": round(sum(sizes) / lat.size),
     }
 
@@ -423,6 +434,8 @@ def main() -> None:
     backends = (args.backends or ("postgres" if args.database_url else "sqlite")).split(",")
     if not set(backends) <= {"sqlite", "postgres"} or not backends:
         parser.error(f"--backends: sqlite and/or postgres, not {args.backends!r}")
+    if args.database_url and not args.database_url.startswith(("postgresql://", "postgresql+psycopg://")):
+        parser.error(f"--database-url: a PostgreSQL URL (SQLite always uses a temp file), not {args.database_url!r}")
     if args.server == "gunicorn" and importlib.util.find_spec("gunicorn") is None:
         parser.error("--server gunicorn: gunicorn is not installed in this environment (pip install gunicorn)")
     if args.jobs < 1 or args.steps < 1:
@@ -433,7 +446,7 @@ def main() -> None:
     say = (lambda *a, **k: None) if args.json else (lambda *a, **k: print(*a, **k, flush=True))
 
     results: list[dict] = []
-    load = {"start": os.getloadavg()[0]}
+    load = {"start": round(os.getloadavg()[0], 2)}
     rows: dict[str, int] = {}
     for backend in backends:
         with (
@@ -453,13 +466,13 @@ def main() -> None:
                         cell = run_cell(server, token, endpoint, clients, args.warmup, args.seconds)
                         row = {"backend": backend, "server": args.server, "endpoint": endpoint.name}
                         row |= {"path": endpoint.paths[0], "clients": clients, **cell}
-                        row["load_1min"] = os.getloadavg()[0]
+                        row["load_1min"] = round(os.getloadavg()[0], 2)
                         results.append(row)
                         if args.json:
                             print(json.dumps(row), flush=True)
                         else:
                             say(f"  {endpoint.name} x {clients}: {cell['requests_per_s']:.0f} req/s")
-    load["end"] = os.getloadavg()[0]
+    load["end"] = round(os.getloadavg()[0], 2)
 
     summary = {"server": args.server, "backends": backends, "rows_per_backend": rows, "load_average_1min": load}
     summary |= {"seconds_per_cell": args.seconds, "cpus": os.cpu_count()}

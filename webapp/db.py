@@ -263,9 +263,17 @@ def create_token(session: Session, user_name: str, token_name: str = "") -> str:
     return token
 
 
+# last_used_at is written at most once a minute per token: a write (and, on SQLite, a database-wide lock and an
+# fsync) on every authenticated GET made reads several times slower (bench/api_load.py).
+TOKEN_LAST_USED_RESOLUTION = dt.timedelta(minutes=1)
+
+
 def user_for_token(session: Session, token: str) -> User | None:
+    """The token's user, or None; records the use in last_used_at (to the minute)."""
     row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
     if row is None:
         return None
-    row.last_used_at = utcnow()
+    now = utcnow()
+    if row.last_used_at is None or now - row.last_used_at >= TOKEN_LAST_USED_RESOLUTION:
+        row.last_used_at = now
     return session.get(User, row.user_id)
