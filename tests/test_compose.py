@@ -21,8 +21,8 @@ def compose() -> dict:
 
 def test_services_volumes_and_healthchecks(compose):
     services = compose["services"]
-    assert {"postgres", "redis", "migrate", "reward", "worker", "api"} <= set(services)
-    for name in ("postgres", "redis", "reward", "api"):
+    assert {"postgres", "redis", "migrate", "reward", "worker", "api", "ui"} <= set(services)
+    for name in ("postgres", "redis", "reward", "api", "ui"):
         assert "healthcheck" in services[name], name
     assert set(compose["volumes"]) >= {"data", "pgdata"}
     for name in ("migrate", "worker", "api", "reward"):

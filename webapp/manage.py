@@ -3,6 +3,7 @@
     aligner db upgrade [--database-url URL]          # create or update the schema (Alembic, migrations/)
     aligner db downgrade REV [--database-url URL]    # e.g. REV=base drops every table
     aligner token create --user NAME [--name LABEL]  # prints a new bearer token for the REST API
+    aligner ui --api-url URL [--port N]              # the dashboard (webapp/ui.py), a client of the REST API
 
 The URL defaults to `webapp.db.database_url()`: env ALIGNER_DATABASE_URL, else a SQLite file under ALIGNER_DATA_DIR.
 Only argparse is imported at module level, so `aligner train` does not need the service's packages.
@@ -11,6 +12,7 @@ Only argparse is imported at module level, so `aligner train` does not need the 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,6 +102,12 @@ def _cmd_up(args: argparse.Namespace) -> None:
         raise UserError(str(err)) from None
 
 
+def _cmd_ui(args: argparse.Namespace) -> None:
+    from webapp.ui import run
+
+    run(args)
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `aligner db ...` and `aligner token ...` on the `aligner` parser's subcommands."""
     url_help = "database URL (default: env ALIGNER_DATABASE_URL, else a SQLite file under ALIGNER_DATA_DIR)"
@@ -130,3 +138,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--demo", action="store_true", help="build the demo assets if needed and submit a demo job")
     up.add_argument("--exit-after-demo", action="store_true", help="with --demo: stop the stack when the job ends")
     up.set_defaults(func=_cmd_up)
+
+    ui = sub.add_parser("ui", help="serve the dashboard (Gradio), a client of the training service's REST API")
+    ui.add_argument(
+        "--api-url",
+        default=os.environ.get("ALIGNER_API_URL", "http://127.0.0.1:5000"),
+        help="the REST API's base URL (default: env ALIGNER_API_URL, else http://127.0.0.1:5000)",
+    )
+    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ui.add_argument("--port", type=int, default=7860, help="port to listen on (default 7860)")
+    ui.add_argument(
+        "--data-dir",
+        default=os.environ.get("ALIGNER_DATA_DIR", "aligner_data"),
+        help="only for presets: the demo tiny model in DATA_DIR/demo_assets (default: env ALIGNER_DATA_DIR)",
+    )
+    ui.set_defaults(func=_cmd_ui)

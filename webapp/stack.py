@@ -10,7 +10,8 @@ What it starts, each as a child process with its log in DATA_DIR/logs/:
   package, or `redis-server` on the PATH), keeping nothing on disk;
 - a reward server (`aligner serve-reward`) when `--reward-model` or `--reward-function` is given (or `--demo`);
 - one Celery worker (prefork, one job at a time) and the REST API (Flask's threaded server; use gunicorn in
-  production, see docker-compose.yml).
+  production, see docker-compose.yml);
+- the dashboard (`aligner ui`, webapp/ui.py), a Gradio client of the API.
 It prints the URLs and an API token and writes them to DATA_DIR/stack.json (`api_url`, `ui_url`, `reward_url`,
 `token`) for scripts. Ctrl-C or SIGTERM stops every child (whole process groups) before it exits.
 """
@@ -163,7 +164,13 @@ class Stack:
                             "--port", str(port), "--with-threads", "--no-reload", "--no-debugger"])  # fmt: skip
         api = f"http://{self.host}:{port}"
         self._wait_until("api", lambda: _http_ok(f"{api}/api/v1/health"))
-        self.urls.update(api_url=api, ui_url=None, token=self._token())
+
+        port = free_port()
+        self._spawn("ui", [sys.executable, "-m", "aligner.cli", "ui", "--api-url", api, "--host", self.host,
+                           "--port", str(port), "--data-dir", str(self.data_dir)])  # fmt: skip
+        ui = f"http://{self.host}:{port}"
+        self._wait_until("ui", lambda: _http_ok(f"{ui}/"))
+        self.urls.update(api_url=api, ui_url=ui, token=self._token())
         pids = {name: proc.pid for name, proc in self.children.items()}  # each the leader of its process group
         (self.data_dir / STACK_FILE).write_text(json.dumps({**self.urls, "pids": pids}, indent=2) + "\n")
         return self.urls
@@ -236,6 +243,7 @@ def run(args) -> None:
         api = urls["api_url"]
         print(
             f"\nAligner is up (Ctrl-C stops it):\n  API     {api}/api/v1  (docs: {api}/api/v1/docs)"
+            f"\n  UI      {urls['ui_url']}  (sign in with the token)"
             f"\n  reward  {urls['reward_url'] or '-'}\n  token   {urls['token']}"
             f"\n  written to {data_dir / STACK_FILE}\n",
             flush=True,

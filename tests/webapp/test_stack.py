@@ -126,6 +126,6 @@ def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_di
     assert up.returncode == 0, output
     assert "stopped" in output
     own_redis = "ALIGNER_BROKER_URL" not in env
-    assert set(stack["pids"]) == {"reward_server", "worker", "api"} | ({"redis"} if own_redis else set())
+    assert set(stack["pids"]) == {"reward_server", "worker", "api", "ui"} | ({"redis"} if own_redis else set())
     for name, pid in stack["pids"].items():
         assert _group_alive(pid) == [], f"{name} (process group {pid}) still running"
