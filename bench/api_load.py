@@ -51,7 +51,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -62,6 +61,7 @@ from urllib.parse import quote
 
 import numpy as np
 import requests
+from workload import closed_loop
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # webapp/ and aligner/ from this tree, also without `pip install -e .`
@@ -352,12 +352,6 @@ def run_cell(server: ApiServer, token: str, endpoint: Endpoint, clients: int, wa
     """`clients` threads in a closed loop: warm up, meet at a barrier, then measure for `seconds`."""
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
     urls = [server.url + p for p in endpoint.paths]
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    sizes: list[int] = [0] * clients
-    spans: list[tuple[float, float]] = [(0.0, 0.0)] * clients
-    barrier = threading.Barrier(clients)
 
     def get(session: requests.Session, i: int) -> requests.Response:
         response = session.get(urls[i % len(urls)], headers=headers, timeout=60)
@@ -365,47 +359,17 @@ def run_cell(server: ApiServer, token: str, endpoint: Endpoint, clients: int, wa
             raise RuntimeError(f"GET {urls[i % len(urls)]}: HTTP {response.status_code}: {response.text[:300]}")
         return response
 
-    def client(c: int) -> None:
-        try:
-            with requests.Session() as session:
-                i = c * 7  # clients start at different jobs
-                check(endpoint, get(session, i).json())  # opens the connection; checks the answer once
-                end = time.perf_counter() + warmup_s
-                while time.perf_counter() < end and not stop.is_set():
-                    i += 1
-                    get(session, i)
-                barrier.wait()
-                start = time.perf_counter()
-                end = start + seconds
-                mine, size = latencies[c], 0
-                while not stop.is_set():
-                    t0 = time.perf_counter()
-                    if t0 >= end:
-                        break
-                    i += 1
-                    size += len(get(session, i).content)
-                    mine.append(time.perf_counter() - t0)
-                spans[c], sizes[c] = (start, time.perf_counter()), size
-        except threading.BrokenBarrierError:
-            pass
-        except BaseException as err:  # noqa: BLE001 - reported by the main thread
-            errors.append(err)
-            stop.set()
-            barrier.abort()
-
-    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            while t.is_alive():
-                t.join(0.2)  # in slices, so that Ctrl-C is seen
-    finally:
-        stop.set()
-    if errors:
-        raise RuntimeError(f"a client failed ({endpoint.name}, {clients} clients): {errors[0]}") from errors[0]
-    elapsed = max(e for _, e in spans) - min(s for s, _ in spans)
-    lat = np.array([x for xs in latencies for x in xs]) * 1000
+        latencies, elapsed, size = closed_loop(
+            clients,
+            warmup_s,
+            seconds,
+            lambda session, i: len(get(session, i).content),
+            first=lambda session, i: check(endpoint, get(session, i).json()),  # and opens the connection
+        )
+    except RuntimeError as err:
+        raise RuntimeError(f"{endpoint.name}, {clients} clients: {err}") from err
+    lat = np.array(latencies) * 1000
     return {
         "requests": int(lat.size),
         "seconds": round(elapsed, 3),
@@ -413,7 +377,7 @@ def run_cell(server: ApiServer, token: str, endpoint: Endpoint, clients: int, wa
         "p50_ms": round(float(np.percentile(lat, 50)), 3),
         "p99_ms": round(float(np.percentile(lat, 99)), 3),
         "mean_ms": round(float(lat.mean()), 3),
-        "bytes_per_response": round(sum(sizes) / lat.size),
+        "bytes_per_response": round(size / lat.size),
     }
 
 

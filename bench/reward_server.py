@@ -33,12 +33,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import requests
+from workload import closed_loop
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_NAME = "reward_model"
@@ -192,12 +192,7 @@ def run_cell(server: RewardServer, bodies: list[bytes], batch: int, clients: int
     """`clients` threads in a closed loop: warm up, meet at a barrier, then measure for `seconds`."""
     url = f"{server.url}/v2/models/{MODEL_NAME}/infer"
     headers = {"Content-Type": "application/json"}
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    spans: list[tuple[float, float]] = [(0.0, 0.0)] * clients
     before: list[tuple[float, float]] = []
-    barrier = threading.Barrier(clients, action=lambda: before.append(server.counters()))
 
     def post(session: requests.Session, i: int) -> None:
         response = session.post(url, data=bodies[i % len(bodies)], headers=headers, timeout=120)
@@ -207,48 +202,14 @@ def run_cell(server: RewardServer, bodies: list[bytes], batch: int, clients: int
         if len(data) != batch:
             raise RuntimeError(f"{len(data)} rewards for {batch} rows")
 
-    def client(c: int) -> None:
-        try:
-            with requests.Session() as session:
-                i = c * 7  # clients start at different bodies
-                end = time.perf_counter() + warmup_s
-                post(session, i)  # at least one: opens the connection
-                while time.perf_counter() < end and not stop.is_set():
-                    i += 1
-                    post(session, i)
-                barrier.wait()
-                start = time.perf_counter()
-                end = start + seconds
-                mine = latencies[c]
-                while not stop.is_set():
-                    t0 = time.perf_counter()
-                    if t0 >= end:
-                        break
-                    i += 1
-                    post(session, i)
-                    mine.append(time.perf_counter() - t0)
-                spans[c] = (start, time.perf_counter())
-        except threading.BrokenBarrierError:
-            pass
-        except BaseException as err:  # noqa: BLE001 - reported by the main thread
-            errors.append(err)
-            stop.set()
-            barrier.abort()
-
-    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            while t.is_alive():
-                t.join(0.2)  # in slices, so that Ctrl-C is seen
-    finally:
-        stop.set()
-    if errors:
-        raise RuntimeError(f"a client failed ({clients} clients, batch {batch}): {errors[0]}") from errors[0]
+        latencies, elapsed, _ = closed_loop(
+            clients, warmup_s, seconds, post, on_start=lambda: before.append(server.counters())
+        )
+    except RuntimeError as err:
+        raise RuntimeError(f"{clients} clients, batch {batch}: {err}") from err
     after = server.counters()
-    elapsed = max(e for _, e in spans) - min(s for s, _ in spans)
-    lat = np.array([x for xs in latencies for x in xs]) * 1000
+    lat = np.array(latencies) * 1000
     rows, execs = after[0] - before[0][0], after[1] - before[0][1]
     return {
         "requests": int(lat.size),

@@ -40,3 +40,66 @@ def llama_config(tokenizer, **extra):
         **SHAPE,
         **extra,
     )
+
+
+def closed_loop(clients: int, warmup_s: float, seconds: float, request, first=None, on_start=None):
+    """`clients` threads, each with its own requests.Session, calling `request(session, i)` back to back.
+
+    Each client first calls `first(session, i)` (default: `request`) once, which opens its connection, warms up for
+    `warmup_s`, meets the others at a barrier (`on_start()` runs there once), then is measured for `seconds`.
+    Returns (latencies in seconds, elapsed seconds of the measured window, sum of what `request` returned).
+    A failing client stops all and its error is raised; Ctrl-C is seen between requests.
+    """
+    import threading
+    import time
+
+    import requests
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    totals = [0] * clients
+    spans: list[tuple[float, float]] = [(0.0, 0.0)] * clients
+    barrier = threading.Barrier(clients, action=on_start)
+
+    def client(c: int) -> None:
+        try:
+            with requests.Session() as session:
+                i = c * 7  # clients start at different requests
+                (first or request)(session, i)
+                end = time.perf_counter() + warmup_s
+                while time.perf_counter() < end and not stop.is_set():
+                    i += 1
+                    request(session, i)
+                barrier.wait()
+                start = time.perf_counter()
+                end = start + seconds
+                mine, total = latencies[c], 0
+                while not stop.is_set():
+                    t0 = time.perf_counter()
+                    if t0 >= end:
+                        break
+                    i += 1
+                    total += request(session, i) or 0
+                    mine.append(time.perf_counter() - t0)
+                spans[c], totals[c] = (start, time.perf_counter()), total
+        except threading.BrokenBarrierError:
+            pass
+        except BaseException as err:  # noqa: BLE001 - reported by the main thread
+            errors.append(err)
+            stop.set()
+            barrier.abort()
+
+    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)  # in slices, so that Ctrl-C is seen
+    finally:
+        stop.set()
+    if errors:
+        raise RuntimeError(f"a client failed: {errors[0]}") from errors[0]
+    elapsed = max(e for _, e in spans) - min(s for s, _ in spans)
+    return [x for xs in latencies for x in xs], elapsed, sum(totals)
