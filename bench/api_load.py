@@ -47,7 +47,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -235,12 +234,6 @@ def seed(url: str, data_dir: Path, jobs: int, steps: int) -> tuple[str, list[int
 
 
 # ------------------------------------------------------------------------------------------------- server
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def deferred_signals() -> Iterator[None]:
     """SIGINT and SIGTERM received inside the block take effect at its end (as KeyboardInterrupt / SystemExit)."""
@@ -261,6 +254,8 @@ class ApiServer:
 
     def __init__(self, kind: str, database_url: str, data_dir: Path):
         self.kind = kind
+        from webapp.stack import free_port
+
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         if kind == "gunicorn":

@@ -29,7 +29,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -97,29 +96,13 @@ def make_payloads(pairs: list[tuple[str, str]], batch: int, inputs: str, count: 
 
 
 # ------------------------------------------------------------------------------------------------- servers
-def free_port_triple() -> int:
-    """A port p with p, p+1 and p+2 free on loopback (HTTP, gRPC, metrics)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 2 > 65535:
-            continue
-        try:
-            for p in (port, port + 1, port + 2):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no three consecutive free ports")
-
-
 class RewardServer:
     """`aligner serve-reward` as a subprocess in its own session; `stop()` sends SIGTERM (SIGKILL after 60 s)."""
 
     def __init__(self, model_dir: Path, dynamic_batching: bool, extra: list[str]):
-        self.port = free_port_triple()
+        from webapp.stack import free_port
+
+        self.port = free_port(3)
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="bench-reward-server-", suffix=".log", delete=False)  # noqa: SIM115
         cmd = [sys.executable, "-m", "aligner.cli", "serve-reward", "--model", str(model_dir)]

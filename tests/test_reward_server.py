@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ pytest.importorskip("pytriton")
 
 from aligner.reward_client import RemoteRewardClient  # noqa: E402
 from aligner.rewards import ModelRewardClient, RewardError  # noqa: E402
+from webapp.stack import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 90
@@ -35,27 +35,9 @@ def length_reward(prompts, responses, metadata):
     return [len(r) + (100.0 if m.get("answer") == r else 0.0) for r, m in zip(responses, metadata)]
 
 
-def free_port_triple() -> int:
-    """A port p with p, p+1 and p+2 free (HTTP, gRPC, metrics)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 2 > 65535:
-            continue
-        try:
-            for p in (port, port + 1, port + 2):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no three consecutive free ports")
-
-
 class Server:
     def __init__(self, *args: str):
-        self.port = free_port_triple()
+        self.port = free_port(3)
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115 - lives with the server
         cmd = [sys.executable, "-m", "aligner.cli", "serve-reward", "--port", str(self.port), *args]
@@ -202,7 +184,7 @@ def test_model_server_scores_text_and_tokens_like_the_in_process_model(model_ser
 
 
 def test_unreachable_server_is_a_clear_error_naming_the_url():
-    port = free_port_triple()
+    port = free_port(3)
     with pytest.raises(RewardError, match=rf"http://127.0.0.1:{port} cannot be reached"):
         RemoteRewardClient(f"127.0.0.1:{port}", timeout_s=1, max_retries=1, backoff_s=0.01)
 

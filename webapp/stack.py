@@ -42,11 +42,13 @@ class StackError(RuntimeError):
 
 
 def free_port(count: int = 1) -> int:
-    """A port p on 127.0.0.1 with p .. p+count-1 free."""
+    """A port p on 127.0.0.1 with p .. p+count-1 free (the reward server takes HTTP, gRPC and metrics: count 3)."""
     for _ in range(100):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+        if port + count - 1 > 65535:
+            continue
         try:
             for p in range(port, port + count):
                 with socket.socket() as s:
