@@ -49,13 +49,6 @@ class GenerationOutput:
             self.prompt_ids[first], self.prompt_mask[first], self.group_ids, self.response_ids, self.response_mask
         )
 
-    def sequences(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Input ids and attention mask of [prompt | response] rows, for log-prob computation."""
-        return (
-            torch.cat([self.prompt_ids, self.response_ids], dim=1),
-            torch.cat([self.prompt_mask, self.response_mask], dim=1),
-        )
-
 
 class Generator(Protocol):
     def generate(self, prompt_ids: list[list[int]], num_samples: int, seed: int) -> GenerationOutput:

@@ -75,12 +75,6 @@ class RemoteRewardClient:
         config = self._request("GET", f"/v2/models/{self.model_name}/config")
         return int(config.get("max_batch_size") or 0)  # 0: the model takes no batch dimension limit
 
-    def ready(self) -> bool:
-        try:
-            return self.session.get(f"{self.url}/v2/health/ready", timeout=self.timeout_s).status_code == 200
-        except requests.RequestException:
-            return False
-
     # --------------------------------------------------------------------------------------------- scoring
     def _infer(self, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]) -> list[float]:
         n = len(prompts)

@@ -43,7 +43,7 @@ def test_layout_groups_and_logprobs_match_a_full_forward(policy, eos_boost):
     assert torch.equal(out.prompt_ids[0], out.prompt_ids[2]) and out.prompt_mask[3].sum() == len(
         tokenizer("dog")["input_ids"]
     )
-    ids, mask = out.sequences()
+    ids, mask = out.response_batch().sequences()
     full = response_logprobs(model, ids, mask.long(), out.response_ids.shape[1])
     torch.testing.assert_close(full * out.response_mask, out.logprobs, atol=1e-5, rtol=1e-5)
     for row in range(6):
@@ -89,7 +89,7 @@ def test_logprobs_are_the_policys_whatever_the_sampling_knobs(policy, eos_boost)
     model, tokenizer = policy
     gen, _ = make(policy, max_new_tokens=10, min_new_tokens=4, temperature=0.7, top_k=20, top_p=0.9)
     out = gen.generate(prompts(tokenizer), 4, seed=1)
-    ids, mask = out.sequences()
+    ids, mask = out.response_batch().sequences()
     full = response_logprobs(model, ids, mask, out.response_ids.shape[1])
     torch.testing.assert_close(full * out.response_mask, out.logprobs, atol=1e-5, rtol=1e-5)
 
@@ -183,6 +183,6 @@ def test_other_architectures_decode_through_transformers(tiny_policy_dir):
     assert not supports_fast_decode(model)
     gen = TorchGenerator(model, tokenizer, GenerationConfig(max_new_tokens=6), eos_token_ids(model, tokenizer))
     out = gen.generate(prompts(tokenizer), num_samples=2, seed=0)
-    ids, mask = out.sequences()
+    ids, mask = out.response_batch().sequences()
     full = response_logprobs(model, ids, mask, out.response_ids.shape[1])
     assert torch.allclose(full[out.response_mask], out.logprobs[out.response_mask], atol=1e-4)

@@ -28,7 +28,7 @@ def test_grouped_logprobs_and_gradients_equal_those_of_whole_rows(rollout):
     model, out = rollout
     batch = out.response_batch()
     assert batch.prompt_ids.shape[0] == 3 and batch.group.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
-    ids, mask = out.sequences()
+    ids, mask = out.response_batch().sequences()
     model.train()
 
     grouped = grouped_response_logprobs(model, batch)

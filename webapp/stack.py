@@ -286,15 +286,9 @@ def _job_summary(urls: dict, job: dict) -> str:
     return line
 
 
-def _values(body, name: str) -> list[float]:
+def _values(body: dict, name: str) -> list[float]:
     """Metric values in step order from the metrics endpoint's body (`{"metrics": {name: [[step, value], ...]}}`)."""
-    if isinstance(body, dict) and isinstance(body.get("metrics"), dict):
-        body = body["metrics"]
-    if isinstance(body, dict) and isinstance(body.get(name), list):
-        return [float(v[1]) for v in sorted(body[name])]
-    items = body.get("items", body) if isinstance(body, dict) else body
-    rows = [r for r in items if isinstance(r, dict) and r.get("name") == name]
-    return [float(r["value"]) for r in sorted(rows, key=lambda r: r["step"])]
+    return [float(value) for _, value in sorted(body["metrics"].get(name, []))]
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

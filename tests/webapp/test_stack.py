@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from webapp.stack import _values
+
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("ALIGNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
 
@@ -120,6 +122,8 @@ def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_di
         metrics = requests.get(f"{stack['api_url']}/api/v1/jobs/{job_id}/metrics", headers=headers,
                                params={"name": "train_rollouts/rewards"}, timeout=10).json()  # fmt: skip
         assert [s for s, _ in metrics["metrics"]["train_rollouts/rewards"]] == [1, 2, 3]
+        rewards = [v for _, v in metrics["metrics"]["train_rollouts/rewards"]]
+        assert _values(metrics, "train_rollouts/rewards") == rewards  # what the demo summary reads
     finally:
         up.send_signal(signal.SIGTERM)
         output, _ = up.communicate(timeout=90)
