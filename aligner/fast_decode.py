@@ -94,8 +94,8 @@ class LlamaDecoder:
         self.qkv, self.gate_up = [], []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            self.qkv.append(_fuse(attn.q_proj, attn.k_proj, attn.v_proj))
-            self.gate_up.append(_fuse(mlp.gate_proj, mlp.up_proj))
+            self.qkv.append(fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj))
+            self.gate_up.append(fuse_linears(mlp.gate_proj, mlp.up_proj))
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
 
@@ -104,17 +104,14 @@ class LlamaDecoder:
         """Logits [B, V] after feeding one token per row."""
         inner = self.model.model
         batch, nh, nkv, d = tokens.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        half = d // 2
         x = inner.embed_tokens(tokens)  # [B, H]
         cos, sin = self.cos[:, self.t, None], self.sin[:, self.t, None]  # [B, 1, d]
         end = self.length + 1
         bias = self.bias[:, None, None, :end]
         for i, layer in enumerate(inner.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = F.linear(_rms_norm(x, layer.input_layernorm), *self.qkv[i]).view(batch, nh + 2 * nkv, d)
-            # RoPE (transformers' rotate_half convention) on queries and keys at once.
-            qk = qkv[:, : nh + nkv]
-            qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], dim=-1) * sin
+            qkv = F.linear(rms_norm(x, layer.input_layernorm), *self.qkv[i]).view(batch, nh + 2 * nkv, d)
+            qk = apply_rope(qkv[:, : nh + nkv], cos, sin)  # queries and keys at once
             self.keys[i][:, :, self.length] = qk[:, nh:]
             self.values[i][:, :, self.length] = qkv[:, nh + nkv :]
             # Query heads j*group .. (j+1)*group-1 share key/value head j, as transformers' repeat_kv lays them out.
@@ -123,21 +120,27 @@ class LlamaDecoder:
             probs = scores.softmax(-1, dtype=torch.float32).to(q.dtype)
             out = torch.matmul(probs, self.values[i][:, :, :end]).reshape(batch, nh * d)
             x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-            gate, up = F.linear(_rms_norm(x, layer.post_attention_layernorm), *self.gate_up[i]).chunk(2, dim=-1)
+            gate, up = F.linear(rms_norm(x, layer.post_attention_layernorm), *self.gate_up[i]).chunk(2, dim=-1)
             x = x + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
         self.length += 1
         self.t += 1
-        return F.linear(_rms_norm(x, inner.norm), self.model.lm_head.weight, self.model.lm_head.bias)
+        return F.linear(rms_norm(x, inner.norm), self.model.lm_head.weight, self.model.lm_head.bias)
 
 
-def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding in transformers' rotate_half convention; cos/sin broadcast over x's head dimension."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
     """The model's RMSNorm; in float32 as torch's single fused op (transformers' runs eight)."""
     if x.dtype != torch.float32:
         return norm(x)
     return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
 
-def _fuse(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Weight and bias of one Linear computing the given ones side by side."""
     weight = torch.cat([lin.weight for lin in linears])
     biases = [lin.bias for lin in linears]

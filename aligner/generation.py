@@ -11,6 +11,7 @@ A TensorRT-LLM or vLLM engine implements the same `Generator` protocol and refit
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -116,16 +117,20 @@ class TorchGenerator:
     def update_weights(self, model: nn.Module) -> None:
         self.model = model  # shares the training module: nothing to copy
 
-    @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], num_samples: int, seed: int) -> GenerationOutput:
         device = next(self.model.parameters()).device
         generator = torch.Generator(device=device).manual_seed(seed)
         step = self.config.batch_size
-        chunks = [
-            self._generate_chunk(prompt_ids[i : i + step], num_samples, generator, device)
-            for i in range(0, len(prompt_ids), step)
-        ]
-        out = chunks[0] if len(chunks) == 1 else _concat(chunks, self.pad_id)
+        # Inference mode skips autograd's per-op bookkeeping (a decode step is hundreds of tiny ops); its tensors
+        # are cloned on the way out because training later saves them for backward, which inference tensors refuse.
+        with torch.inference_mode():
+            chunks = [
+                self._generate_chunk(prompt_ids[i : i + step], num_samples, generator, device)
+                for i in range(0, len(prompt_ids), step)
+            ]
+            out = chunks[0] if len(chunks) == 1 else _concat(chunks, self.pad_id)
+        tensors = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
+        out = dataclasses.replace(out, **{k: v.clone() for k, v in tensors.items() if isinstance(v, torch.Tensor)})
         out.group_ids = torch.arange(len(prompt_ids), device=device).repeat_interleave(num_samples)
         return out
 

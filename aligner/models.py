@@ -221,13 +221,15 @@ class ReferencePolicy:
         self.model = copy.deepcopy(policy).to("cpu").eval()
         self.model.requires_grad_(False)
 
-    @torch.no_grad()
     def logprobs(self, batch: ResponseBatch) -> torch.Tensor:
         device = batch.response_ids.device
         if device.type != "cpu":
             self.model.to(device)
         try:
-            return grouped_response_logprobs(self.model, batch)
+            # Inference mode (cheaper per op than no_grad); the clone makes the result usable in autograd again.
+            with torch.inference_mode():
+                logprobs = grouped_response_logprobs(self.model, batch)
+            return logprobs.clone()
         finally:
             if device.type != "cpu":
                 self.model.to("cpu")

@@ -3,6 +3,7 @@
     .venv/bin/python bench/rloo_step.py                 # table
     .venv/bin/python bench/rloo_step.py --json          # one JSON line: s_per_step, samples_per_s, tokens_per_s
     .venv/bin/python bench/rloo_step.py --trl-python /work/trl-env/bin/python   # alternate with TRL's RLOOTrainer
+    .venv/bin/python bench/rloo_step.py --set model.fast_forward=false        # any config override (A/B)
 
 Workload (the same as bench/trl_rloo_step.py): a Llama-shaped policy (hidden 128, 4 layers, 4 heads, vocab 512,
 about 2M parameters, fp32, random init), 8 prompts x 4 samples per step, exactly 32 new tokens per sample, a
@@ -88,14 +89,14 @@ def build_workload(folder: Path) -> Path:
     return path
 
 
-def run_aligner(steps: int, warmup: int) -> dict:
+def run_aligner(steps: int, warmup: int, overrides: list[str]) -> dict:
     """Time `steps` steps after `warmup` in this process."""
     sys.path.insert(0, str(Path(__file__).parent))
     from aligner.config import load_config
     from aligner.trainer import ReinforceTrainer
 
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = ReinforceTrainer(load_config(build_workload(Path(tmp))))
+        trainer = ReinforceTrainer(load_config(build_workload(Path(tmp)), overrides))
         trainer.setup()
         times, phases, lengths = [], [], []
         for i in range(warmup + steps):
@@ -134,11 +135,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     parser.add_argument("--trl-python", help="python of an environment with TRL: alternate runs with TRL")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds with --trl-python")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override Aligner's config")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     if not args.trl_python:
-        result = run_aligner(args.steps, args.warmup)
+        result = run_aligner(args.steps, args.warmup, args.set)
         if args.json:
             print(json.dumps({k: result[k] for k in ("s_per_step", "samples_per_s", "tokens_per_s", "steps")}))
         else:
@@ -150,6 +152,7 @@ def main() -> None:
 
     here = Path(__file__).resolve()
     ours = [sys.executable, str(here), "--json", "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    ours += [f"--set={override}" for override in args.set]
     trl = [
         args.trl_python,
         str(here.with_name("trl_rloo_step.py")),
