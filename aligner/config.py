@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -28,8 +28,35 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(Section):
+    """LoRA adapters (peft, the `lora` extra): train low-rank updates of some layers instead of every weight."""
+
+    r: int = Field(0, ge=0, description="Rank of the adapters; 0 turns LoRA off and trains every weight.")
+    alpha: float = Field(16.0, gt=0, description="Scale of the adapters' update: alpha / r.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input during training.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LORA_TARGETS),
+        min_length=1,
+        description="Layers that get adapters, by the last part(s) of their module name (Llama's projections).",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, names: list[str]) -> list[str]:
+        if any(not name.strip() for name in names):
+            raise ValueError("module names must not be empty")
+        return names
+
+
 class ModelConfig(Section):
-    """The policy to align. The reference policy is a frozen copy of these initial weights, kept on the CPU."""
+    """The policy to align.
+
+    The reference policy is a frozen copy of these initial weights, kept on the CPU; with LoRA (`lora.r > 0`) it is
+    the policy's own base weights with the adapters disabled, so no copy is kept.
+    """
 
     policy_path: str = Field(description="Local Hugging Face folder (config + safetensors) of the SFT policy.")
     tokenizer_path: str | None = Field(None, description="Tokenizer folder; defaults to policy_path.")
@@ -43,6 +70,43 @@ class ModelConfig(Section):
         True, description="On Linux, let glibc reuse freed large blocks instead of unmapping them (faster on CPU)."
     )
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory in training.")
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig, description="LoRA adapters; the default (r: 0) trains the full model."
+    )
+    backend: Literal["hf", "megatron"] = Field(
+        "hf",
+        description="What trains: 'hf', the Hugging Face model itself, or 'megatron', a Megatron-Core GPTModel "
+        "converted from it (the `megatron` extra; CUDA + NCCL under torchrun). Generation always uses the HF model.",
+    )
+    tensor_model_parallel_size: int = Field(
+        1, ge=1, description="Megatron backend: processes (GPUs) each layer's weights are split over."
+    )
+    pipeline_model_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="Megatron backend: pipeline stages the layers are split into (equal shares: the number of layers "
+        "must divide by it); micro-batches run through Megatron's 1F1B schedule.",
+    )
+
+    @model_validator(mode="after")
+    def _backend(self) -> ModelConfig:
+        parallel = self.tensor_model_parallel_size > 1 or self.pipeline_model_parallel_size > 1
+        if self.backend == "hf":
+            if parallel:
+                raise ValueError("tensor_model_parallel_size and pipeline_model_parallel_size need backend: megatron")
+            return self
+        if not _megatron_installed():
+            raise ValueError("model.backend=megatron needs the optional extra: pip install 'aligner[megatron]'")
+        return self
+
+
+def _megatron_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("megatron.core") is not None
+    except ImportError:  # no top-level `megatron` package at all
+        return False
 
 
 class DataConfig(Section):

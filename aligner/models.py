@@ -162,8 +162,9 @@ class ResponseBatch:
 
 
 def _activation_checkpointing(model: nn.Module) -> bool:
-    # transformers 5 renamed is_gradient_checkpointing (deprecated) to is_activation_checkpointing.
-    if hasattr(type(model), "is_activation_checkpointing"):
+    # transformers 5 renamed is_gradient_checkpointing (deprecated) to is_activation_checkpointing. Asked of the
+    # instance, not its class, so a peft wrapper forwards it to its base model.
+    if hasattr(model, "is_activation_checkpointing"):
         return bool(model.is_activation_checkpointing)
     return bool(getattr(model, "is_gradient_checkpointing", False))
 

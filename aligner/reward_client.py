@@ -23,6 +23,7 @@ import torch
 from aligner.rewards import RewardError, check_rewards
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
+BAD_REQUEST = "bad request: "  # starts the message of an error a server blames on the request
 
 
 class RemoteRewardClient:
@@ -36,9 +37,7 @@ class RemoteRewardClient:
         max_concurrency: int = 4,
         sentences_only: bool = False,
     ):
-        self.url = url.rstrip("/")
-        if not self.url.startswith(("http://", "https://")):
-            self.url = "http://" + self.url
+        self.url = normalize_url(url)
         self.model_name, self.timeout_s = model_name, timeout_s
         self.max_retries, self.backoff_s, self.sentences_only = max_retries, backoff_s, sentences_only
         self.session = requests.Session()
@@ -49,26 +48,8 @@ class RemoteRewardClient:
 
     # --------------------------------------------------------------------------------------------- HTTP
     def _request(self, method: str, path: str, payload: dict | None = None) -> dict:
-        """One call with retries on connection errors, timeouts and 5xx; a 4xx is the caller's fault: no retry."""
-        url = f"{self.url}{path}"
-        last = None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                response = self.session.request(method, url, json=payload, timeout=self.timeout_s)
-            except requests.RequestException as err:
-                last = f"{type(err).__name__}: {err}"
-                continue
-            if response.status_code in RETRY_STATUS:
-                last = f"HTTP {response.status_code}: {_error_text(response)}"
-                continue
-            if response.status_code >= 400:
-                raise RewardError(f"reward server {self.url} refused the request: {_error_text(response)}")
-            return response.json()
-        raise RewardError(
-            f"reward server {self.url} cannot be reached ({method} {path} failed {self.max_retries + 1} times; "
-            f"last error: {last}). Is `aligner serve-reward` running there?"
+        return request_json(
+            self.session, self.url, method, path, payload, self.timeout_s, self.max_retries, self.backoff_s
         )
 
     def _model_max_batch_size(self) -> int:
@@ -119,12 +100,80 @@ class RemoteRewardClient:
         self.session.close()
 
 
+def normalize_url(url: str) -> str:
+    """`host:port` or a URL -> `http://host:port` (no trailing slash)."""
+    url = url.rstrip("/")
+    return url if url.startswith(("http://", "https://")) else "http://" + url
+
+
+def request_json(
+    session: requests.Session,
+    base_url: str,
+    method: str,
+    path: str,
+    payload: dict | None,
+    timeout_s: float,
+    max_retries: int,
+    backoff_s: float,
+    server: str = "reward server",
+    command: str = "aligner serve-reward",
+    error: type[RewardError] = RewardError,
+    idempotent: bool = True,
+) -> dict:
+    """One call with retries on connection errors, timeouts and 5xx; a 4xx is the caller's fault: no retry.
+
+    A 5xx whose error holds BAD_REQUEST is the caller's fault too: Triton answers 500 to any error raised by a model's
+    Python function, so the servers mark the bad requests they detect. A request that is not `idempotent` (a training
+    step) is retried only when it cannot have reached the server, or on 429/503. Failures raise `error`, naming the
+    `server` and its URL, and the `command` that should be running there when it cannot be reached.
+    """
+    url = f"{base_url}{path}"
+    last = None
+    for attempt in range(max_retries + 1):
+        if attempt:
+            time.sleep(backoff_s * 2 ** (attempt - 1))
+        try:
+            response = session.request(method, url, json=payload, timeout=timeout_s)
+        except requests.RequestException as err:
+            last = f"{type(err).__name__}: {err}"
+            if not idempotent and not _never_sent(err):
+                raise error(
+                    f"{server} {base_url}: {method} {path} failed ({last}); not retried: it may have been applied"
+                ) from None
+            continue
+        if response.status_code < 400:
+            return response.json()
+        text = _error_text(response)
+        if response.status_code not in RETRY_STATUS or BAD_REQUEST in text:
+            raise error(f"{server} {base_url} refused the request: {text}")
+        last = f"HTTP {response.status_code}: {text}"
+        if not idempotent and response.status_code not in (429, 503):
+            raise error(f"{server} {base_url}: {method} {path} failed ({last}); not retried: it may have been applied")
+    raise error(
+        f"{server} {base_url} cannot be reached ({method} {path} failed {max_retries + 1} times; "
+        f"last error: {last}). Is `{command}` running there?"
+    )
+
+
 def _bytes_input(name: str, values: list[str]) -> dict:
     return {"name": name, "shape": [len(values), 1], "datatype": "BYTES", "data": values}
 
 
+def _never_sent(err: requests.RequestException) -> bool:
+    """True when the request cannot have reached the server: no connection was made."""
+    if isinstance(err, requests.ConnectTimeout):
+        return True
+    from urllib3.exceptions import NewConnectionError
+
+    reason = getattr(err.args[0], "reason", None) if err.args else None
+    return isinstance(err, requests.ConnectionError) and isinstance(reason, NewConnectionError)
+
+
 def _error_text(response: requests.Response) -> str:
     try:
-        return str(response.json().get("error", response.text))
+        text = str(response.json().get("error", response.text))
     except ValueError:
         return response.text.strip()[:500]
+    if BAD_REQUEST in text:  # the reason, not the whole server-side traceback around it
+        return text[text.index(BAD_REQUEST) :].split("\n", 1)[0]
+    return text

@@ -29,6 +29,7 @@ import sysconfig
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -211,16 +212,16 @@ def _fix_triton_python_stub() -> None:
         os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{current}" if current else libdir
 
 
-def serve(config: RewardServerConfig, ready: threading.Event | None = None, stop: threading.Event | None = None):
-    """Run the server until SIGTERM/SIGINT (or `stop` is set); `ready` is set once it answers."""
-    try:
-        from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-        from pytriton.triton import Triton, TritonConfig
-    except ImportError as err:
-        raise RuntimeError(f"the reward server needs NVIDIA PyTriton: pip install 'aligner[serve]' ({err})") from None
+def run_triton(config, bind: Callable[[Any], None], what: str, detail: str, ready=None, stop=None) -> None:
+    """Serve Triton with the models `bind(triton)` binds until SIGTERM/SIGINT (or `stop` is set).
+
+    `config` gives `host`, `http_port`, `grpc_port` and `metrics_port` (the last two default to the next ports);
+    `what` names the server in its messages ("reward server"), `detail` goes into the ready line; `ready` is set
+    once Triton answers. The workspace is removed at the end, and stale ones of dead servers at the start.
+    """
+    from pytriton.triton import Triton, TritonConfig
 
     _fix_triton_python_stub()
-    scorer = RewardScorer(config)
     tmp_root = Path(tempfile.gettempdir())
     _remove_stale_workspaces(tmp_root)
     workspace = tmp_root / f"{WORKSPACE_PREFIX}{os.getpid()}-{time.time_ns()}"  # PyTriton creates it
@@ -244,30 +245,11 @@ def serve(config: RewardServerConfig, ready: threading.Event | None = None, stop
     started = time.perf_counter()
     try:
         with Triton(config=triton_config, workspace=workspace) as triton:
-            triton.bind(
-                model_name=config.model_name,
-                infer_func=scorer.infer,
-                inputs=[
-                    Tensor(name="sentences", dtype=bytes, shape=(1,), optional=True),
-                    Tensor(name="prompts", dtype=bytes, shape=(1,), optional=True),
-                    Tensor(name="responses", dtype=bytes, shape=(1,), optional=True),
-                    Tensor(name="metadata", dtype=bytes, shape=(1,), optional=True),
-                    Tensor(name="tokens", dtype=np.int64, shape=(-1,), optional=True),
-                    Tensor(name="sequence_lengths", dtype=np.int64, shape=(1,), optional=True),
-                ],
-                outputs=[Tensor(name="rewards", dtype=np.float32, shape=(1,))],
-                config=ModelConfig(
-                    max_batch_size=config.max_batch_size,
-                    batcher=DynamicBatcher(max_queue_delay_microseconds=config.max_queue_delay_us)
-                    if config.dynamic_batching
-                    else None,  # no `dynamic_batching` section in Triton's model config
-                ),
-                strict=False,
-            )
+            bind(triton)
             triton.run()
             url = f"http://{config.host}:{config.http_port}"
             print(
-                f"reward server ready in {time.perf_counter() - started:.1f} s: {url} (model {config.model_name}; "
+                f"{what} ready in {time.perf_counter() - started:.1f} s: {url} ({detail}; "
                 f"gRPC {config.host}:{grpc_port}; metrics http://{config.host}:{metrics_port}/metrics)",
                 file=sys.stderr,
                 flush=True,
@@ -281,4 +263,43 @@ def serve(config: RewardServerConfig, ready: threading.Event | None = None, stop
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         shutil.rmtree(workspace, ignore_errors=True)
-        print("reward server stopped", file=sys.stderr, flush=True)
+        print(f"{what} stopped", file=sys.stderr, flush=True)
+
+
+def require_pytriton(what: str) -> None:
+    try:
+        import pytriton.triton  # noqa: F401
+    except ImportError as err:
+        raise RuntimeError(f"the {what} needs NVIDIA PyTriton: pip install 'aligner[serve]' ({err})") from None
+
+
+def serve(config: RewardServerConfig, ready: threading.Event | None = None, stop: threading.Event | None = None):
+    """Run the server until SIGTERM/SIGINT (or `stop` is set); `ready` is set once it answers."""
+    require_pytriton("reward server")
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+
+    scorer = RewardScorer(config)
+
+    def bind(triton) -> None:
+        triton.bind(
+            model_name=config.model_name,
+            infer_func=scorer.infer,
+            inputs=[
+                Tensor(name="sentences", dtype=bytes, shape=(1,), optional=True),
+                Tensor(name="prompts", dtype=bytes, shape=(1,), optional=True),
+                Tensor(name="responses", dtype=bytes, shape=(1,), optional=True),
+                Tensor(name="metadata", dtype=bytes, shape=(1,), optional=True),
+                Tensor(name="tokens", dtype=np.int64, shape=(-1,), optional=True),
+                Tensor(name="sequence_lengths", dtype=np.int64, shape=(1,), optional=True),
+            ],
+            outputs=[Tensor(name="rewards", dtype=np.float32, shape=(1,))],
+            config=ModelConfig(
+                max_batch_size=config.max_batch_size,
+                batcher=DynamicBatcher(max_queue_delay_microseconds=config.max_queue_delay_us)
+                if config.dynamic_batching
+                else None,  # no `dynamic_batching` section in Triton's model config
+            ),
+            strict=False,
+        )
+
+    run_triton(config, bind, "reward server", f"model {config.model_name}", ready, stop)

@@ -2,6 +2,7 @@
 
     aligner train --config demo_assets/reinforce.yaml            # a run
     aligner train --config demo_assets/reinforce.yaml --resume   # continue exactly from the newest checkpoint
+    torchrun --standalone --nproc_per_node 2 -m aligner.cli train --config ...   # data-parallel (distributed.py)
 
 A step: draw `num_prompts_per_step` prompts, sample `num_rollouts_per_prompt` responses for each, score them,
 compute the KL to the frozen initial policy, the RLOO baseline and the advantages, then one AdamW step over the
@@ -9,6 +10,10 @@ batch in micro-batches. Lifecycle: `setup` -> `fit` (-> `rollout`, `optimise`, `
 `load_checkpoint` restores everything a step depends on, so 2 steps + resume + 2 steps equals 4 steps.
 
 SIGTERM or a first Ctrl-C stops the run at the next step boundary with a checkpoint saved.
+
+Under torchrun each rank generates for its share of the step's global prompts; the loss normaliser and the
+gradients are summed over ranks, so every rank takes the update one process would take on the whole batch.
+Metrics are reduced over ranks, and rank 0 alone writes files.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 import torch
 
+from aligner import distributed
 from aligner.algorithms.reinforce import (
     advantages_from_baseline,
     kl_penalty,
@@ -33,9 +39,10 @@ from aligner.algorithms.reinforce import (
     rewards_with_kl,
     rloo_baseline,
 )
-from aligner.config import TrainConfig, save_config
+from aligner.config import ConfigError, TrainConfig, save_config
 from aligner.data import PromptDataset, PromptSampler, build_prompt_dataset, read_prompt_file
 from aligner.generation import GenerationOutput, TorchGenerator
+from aligner.lora import LoraReference, load_adapter, require_peft, save_adapter, save_merged_policy, wrap_with_lora
 from aligner.metrics import RunLog, Timers
 from aligner.models import (
     ReferencePolicy,
@@ -52,8 +59,10 @@ from aligner.rewards import build_reward_client
 
 CHECKPOINT_DIR = "checkpoints"
 FINAL_POLICY_DIR = "final_policy"
+ADAPTER_DIR = "adapter"  # in a checkpoint, instead of "policy", with model.lora
 STATE_FILE = "trainer_state.pt"
 VALIDATION_SEED_OFFSET = 7_919  # validation samples with its own fixed noise, the same at every validation
+RANK_SEED_STRIDE = 1 << 32  # rank r samples with seed + r * stride: its own noise, never another step's
 
 
 class RunDirError(RuntimeError):
@@ -98,6 +107,12 @@ class ReinforceTrainer:
     def setup(self, resume: bool = False) -> None:
         cfg = self.config
         # Input that can be wrong is checked before any model loads.
+        if cfg.model.backend == "megatron":
+            # Better refused than silently trained with the HF backend: the loop does not drive Megatron yet.
+            raise ConfigError(
+                "model.backend=megatron is not wired into `aligner train` yet; aligner/megatron_backend.py offers "
+                "the conversion, log-probs and REINFORCE step as a library"
+            )
         train_records = read_prompt_file(cfg.data.train_file)
         val_records = read_prompt_file(cfg.data.val_file)
         checkpoints = list_checkpoints(self.run_dir)
@@ -108,7 +123,14 @@ class ReinforceTrainer:
             )
         if resume and not checkpoints:
             print(f"no checkpoint in {self.run_dir}: starting from the beginning", file=sys.stderr)
-        self.device = resolve_device(cfg.model.device)
+        if self.uses_lora:
+            require_peft()
+        self.device = distributed.init(resolve_device(cfg.model.device))
+        if cfg.reinforce.num_prompts_per_step < distributed.world_size():
+            raise ConfigError(
+                f"reinforce.num_prompts_per_step ({cfg.reinforce.num_prompts_per_step}) is global over processes and "
+                f"must be at least their number ({distributed.world_size()}): every rank needs a prompt"
+            )
         if cfg.model.num_threads:
             torch.set_num_threads(cfg.model.num_threads)
         if cfg.model.keep_freed_memory and self.device.type == "cpu":
@@ -133,15 +155,20 @@ class ReinforceTrainer:
                 )
 
         self.policy = load_policy(cfg.model.policy_path, cfg.model.dtype, self.device, cfg.model.attn_implementation)
-        # Built from the initial weights before any checkpoint is loaded: the KL is always to the SFT policy.
-        self.reference = ReferencePolicy(self.policy)
+        if self.uses_lora:
+            # Only the adapters train, so the base with adapters disabled stays the SFT policy: no copy is needed.
+            self.policy = wrap_with_lora(self.policy, cfg.model.lora)
+            self.reference = LoraReference(self.policy)
+        else:
+            # Built from the initial weights before any checkpoint is loaded: the KL is always to the SFT policy.
+            self.reference = ReferencePolicy(self.policy)
         if cfg.model.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
         self.generator = TorchGenerator(
             self.policy, self.tokenizer, cfg.generation, eos_token_ids(self.policy, self.tokenizer)
         )
         self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(),
+            [p for p in self.policy.parameters() if p.requires_grad],
             lr=cfg.optim.lr,
             betas=cfg.optim.betas,
             eps=cfg.optim.eps,
@@ -157,14 +184,23 @@ class ReinforceTrainer:
         self.sampler = PromptSampler(len(self.train_data), cfg.seed, cfg.data.shuffle)
         if resume and checkpoints:
             self.load_checkpoint(checkpoints[-1])
+        # Ranks load the same files, but randomly initialised weights (adapters) must match too.
+        distributed.broadcast_parameters(self.policy.parameters())
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.run_dir / "config.yaml")
-        self.log = RunLog(self.run_dir, resume_step=self.step if (resume and checkpoints) else None)
+        if distributed.is_main():
+            save_config(cfg, self.run_dir / "config.yaml")
+        self.log = RunLog(
+            self.run_dir, resume_step=self.step if (resume and checkpoints) else None, enabled=distributed.is_main()
+        )
 
     @property
     def final_policy_dir(self) -> Path:
         return self.run_dir / FINAL_POLICY_DIR
+
+    @property
+    def uses_lora(self) -> bool:
+        return self.config.model.lora.r > 0
 
     # ----------------------------------------------------------------------------------------------- the loop
     def fit(self, until_step: int | None = None) -> None:
@@ -173,12 +209,18 @@ class ReinforceTrainer:
         from tqdm.auto import tqdm
 
         bar = tqdm(
-            total=cfg.max_steps, initial=self.step, desc="reinforce", disable=not cfg.progress_bar, dynamic_ncols=True
+            total=cfg.max_steps,
+            initial=self.step,
+            desc="reinforce",
+            disable=not (cfg.progress_bar and distributed.is_main()),
+            dynamic_ncols=True,
         )
         with _stop_on_signals(self):
             if self.step == 0:
                 self.log.log_metrics(0, self.validate())
-            while self.step < cfg.max_steps and not self._stop_requested:
+            # Signals reach the ranks at different moments: they agree on stopping, or one would wait for the others.
+            stop = distributed.any_rank(self._stop_requested)
+            while self.step < cfg.max_steps and not stop:
                 prompt_indices = self.sampler.next_batch(self.config.reinforce.num_prompts_per_step)
                 rollout = self.rollout(prompt_indices, self.train_data)
                 metrics = {**rollout.metrics, **self.optimise(rollout)}
@@ -187,12 +229,14 @@ class ReinforceTrainer:
                 if self.step % cfg.val_check_interval == 0 or last:
                     with self.timers.time("validate"):
                         metrics.update(self.validate())
-                metrics.update(self.timers.pop())
+                metrics.update(distributed.max_over_ranks(self.timers.pop()))  # a step waits for its slowest rank
                 self.log.log_metrics(self.step, metrics)
-                self.log.log_samples(rollout.samples[: cfg.train_samples_to_log])
+                n = cfg.train_samples_to_log
+                self.log.log_samples(distributed.gather_rows(rollout.samples[:n])[:n])
                 if until_step is not None and self.step >= until_step:
                     self.request_stop()
-                if self.step % cfg.save_interval == 0 or last or self._stop_requested:
+                stop = distributed.any_rank(self._stop_requested)
+                if self.step % cfg.save_interval == 0 or last or stop:
                     self.save_checkpoint()
                 bar.update(1)
                 bar.set_postfix(
@@ -201,8 +245,12 @@ class ReinforceTrainer:
                 )
         bar.close()
         if self.step >= cfg.max_steps:
-            save_policy(self.policy, self.tokenizer, self.final_policy_dir)
-        else:
+            if distributed.is_main():
+                # The final policy is always a plain Hugging Face folder: LoRA adapters are merged into it.
+                save = save_merged_policy if self.uses_lora else save_policy
+                save(self.policy, self.tokenizer, self.final_policy_dir)
+            distributed.barrier()
+        elif distributed.is_main():
             print(f"stopped at step {self.step}; continue with --resume", file=sys.stderr)
         self.reward_client.close()
 
@@ -212,8 +260,8 @@ class ReinforceTrainer:
 
     # ----------------------------------------------------------------------------------------------- rollout
     def _sampling_seed(self, step: int) -> int:
-        # Derived from the step, so a resumed run samples exactly what an uninterrupted one would.
-        return self.config.seed * 1_000_003 + step
+        # Derived from the step (and rank), so a resumed run samples exactly what an uninterrupted one would.
+        return self.config.seed * 1_000_003 + step + distributed.rank() * RANK_SEED_STRIDE
 
     def _score(self, gen: GenerationOutput, data: PromptDataset, prompt_indices: list[int]):
         """Start the reward request; prompts and metadata repeat for each sample of their prompt."""
@@ -238,7 +286,12 @@ class ReinforceTrainer:
         return out
 
     def rollout(self, prompt_indices: list[int], data: PromptDataset) -> Rollout:
+        """Samples for this rank's contiguous share of the step's global `prompt_indices`; metrics over all ranks.
+
+        All samples of a prompt stay on one rank, so the RLOO baseline is exact locally.
+        """
         cfg = self.config.reinforce
+        prompt_indices = distributed.shard(prompt_indices)
         with self.timers.time("generate"):
             gen = self.generator.generate(
                 [data.token_ids[i] for i in prompt_indices],
@@ -265,7 +318,9 @@ class ReinforceTrainer:
             baseline = rloo_baseline(shaped, gen.group_ids, gen.is_end)
         else:
             baseline = torch.zeros_like(shaped)
-        advantages = advantages_from_baseline(shaped, baseline, normalize=cfg.normalize_advantages)
+        advantages = advantages_from_baseline(shaped, baseline)
+        if cfg.normalize_advantages:
+            advantages = distributed.global_whiten(advantages)  # over the global batch, as one process would
         lengths = gen.response_lengths.float()
         metrics = {
             "train_rollouts/rewards": rewards.mean().item(),
@@ -275,6 +330,7 @@ class ReinforceTrainer:
             "train_rollouts/response_lengths": lengths.mean().item(),
             "train_rollouts/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
         }
+        metrics = distributed.mean_over_ranks(metrics, weight=rewards.numel())
         samples = _sample_rows(self.step + 1, "train", prompts, gen, rewards, kl, advantages)
         return Rollout(
             batch=batch,
@@ -290,8 +346,9 @@ class ReinforceTrainer:
         aggregation = cfg.reinforce.loss_aggregation
         self.policy.train()
         normalizer = rollout.loss_mask.sum() if aggregation == "token_mean" else (rollout.loss_mask.sum(-1) > 0).sum()
-        # Every micro-batch divides by the count over the whole batch, so the summed gradients are the batch's.
-        normalizer = normalizer.clamp(min=1)
+        # Every micro-batch of every rank divides by the count over the whole global batch, so the gradients summed
+        # over micro-batches and ranks are the batch's, the same as one process computing it alone.
+        normalizer = distributed.all_reduce_sum(normalizer).clamp(min=1)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.zero_grad(set_to_none=True)
         total_loss = 0.0
@@ -302,6 +359,8 @@ class ReinforceTrainer:
                 loss = reinforce_loss(logprobs, rollout.advantages[rows], loss_mask, aggregation, normalizer)
                 loss.backward()
                 total_loss += loss.item()
+            distributed.all_reduce_gradients(self.policy.parameters())
+            total_loss = distributed.all_reduce_sum(torch.tensor(total_loss, device=self.device)).item()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
             self.optimizer.step()
             self.scheduler.step()
@@ -313,38 +372,48 @@ class ReinforceTrainer:
     def validate(self) -> dict[str, float]:
         """Rewards of one sample per fixed validation prompt, with the same sampling noise every time."""
         n = min(self.config.trainer.num_val_prompts or len(self.val_data), len(self.val_data))
-        indices = list(range(n))
-        gen = self.generator.generate(
-            [self.val_data.token_ids[i] for i in indices], 1, self.config.seed * 1_000_003 + VALIDATION_SEED_OFFSET
-        )
-        prompts, future = self._score(gen, self.val_data, indices)
-        ref = self._logprobs(self.reference.logprobs, gen.response_batch())
-        kl = kl_penalty(gen.logprobs, ref, gen.response_mask, estimator=self.config.reinforce.kl_estimator)
-        rewards = future.result()
-        self.log.log_samples(_sample_rows(self.step, "validation", prompts, gen, rewards, kl, None))
-        return {
-            "val/rewards": rewards.mean().item(),
-            "val/response_lengths": gen.response_lengths.float().mean().item(),
-            "val/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
-        }
+        indices = distributed.shard(list(range(n)))  # may be empty on some ranks when n < processes
+        rows, metrics = [], {}
+        if indices:
+            seed = self.config.seed * 1_000_003 + VALIDATION_SEED_OFFSET + distributed.rank() * RANK_SEED_STRIDE
+            gen = self.generator.generate([self.val_data.token_ids[i] for i in indices], 1, seed)
+            prompts, future = self._score(gen, self.val_data, indices)
+            ref = self._logprobs(self.reference.logprobs, gen.response_batch())
+            kl = kl_penalty(gen.logprobs, ref, gen.response_mask, estimator=self.config.reinforce.kl_estimator)
+            rewards = future.result()
+            rows = _sample_rows(self.step, "validation", prompts, gen, rewards, kl, None)
+            metrics = {
+                "val/rewards": rewards.mean().item(),
+                "val/response_lengths": gen.response_lengths.float().mean().item(),
+                "val/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
+            }
+        self.log.log_samples(distributed.gather_rows(rows))
+        return distributed.mean_over_ranks(metrics, weight=len(indices))
 
     # ----------------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
-        """Policy (HF format), optimiser, scheduler, RNG states, data position and counters, written atomically."""
+        """Policy (HF format), optimiser, scheduler, RNG states, data position and counters, written atomically.
+
+        With LoRA the policy part is the adapters only (a peft folder): the base weights are the policy_path's.
+        """
         final = self.run_dir / CHECKPOINT_DIR / f"step_{self.step:06d}"
+        rng_per_rank = distributed.all_gather_objects(_rng_state())
+        if not distributed.is_main():  # every rank holds the same weights and optimiser state: rank 0 writes them
+            distributed.barrier()
+            return final
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        save_policy(self.policy, self.tokenizer, tmp / "policy")
+        if self.uses_lora:
+            save_adapter(self.policy, tmp / ADAPTER_DIR)
+        else:
+            save_policy(self.policy, self.tokenizer, tmp / "policy")
         state = {
             "step": self.step,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                "python": random.getstate(),
-            },
+            "rng": rng_per_rank[0],
+            "rng_per_rank": rng_per_rank,
         }
         torch.save(state, tmp / STATE_FILE)
         save_config(self.config, tmp / "config.yaml")
@@ -354,24 +423,40 @@ class ReinforceTrainer:
         if keep:
             for old in list_checkpoints(self.run_dir)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
+        distributed.barrier()  # no rank goes on (or exits) before the checkpoint is complete
         return final
 
     def load_checkpoint(self, path: Path) -> None:
         from transformers import AutoModelForCausalLM
 
-        saved = AutoModelForCausalLM.from_pretrained(str(path / "policy"), dtype=self.policy.dtype)
-        self.policy.load_state_dict(saved.state_dict())
-        del saved
+        if self.uses_lora:
+            load_adapter(self.policy, path / ADAPTER_DIR)
+        else:
+            saved = AutoModelForCausalLM.from_pretrained(str(path / "policy"), dtype=self.policy.dtype)
+            self.policy.load_state_dict(saved.state_dict())
+            del saved
         state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        if state["rng"]["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        random.setstate(state["rng"]["python"])
+        per_rank = state.get("rng_per_rank", [])
+        # Each rank continues its own random streams; with another number of processes, rank 0's are used.
+        rng = per_rank[distributed.rank()] if len(per_rank) == distributed.world_size() else state["rng"]
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        random.setstate(rng["python"])
         self.step = state["step"]
-        print(f"resumed from {path} at step {self.step}", file=sys.stderr)
+        if distributed.is_main():
+            print(f"resumed from {path} at step {self.step}", file=sys.stderr)
+
+
+def _rng_state() -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": random.getstate(),
+    }
 
 
 def _sample_rows(step, split, prompts, gen: GenerationOutput, rewards, kl, advantages) -> list[dict[str, Any]]:

@@ -22,9 +22,11 @@ worker/celery_app.py): a running job whose heartbeat is older than the lease tim
 back to queued and `aligner.run_job` is sent again, and the new run resumes from the last checkpoint.
 A job that lost its worker `max_attempts` times fails instead; a lost job that was being cancelled is cancelled.
 
-Multi-process training (`job.num_processes > 1`) builds a `torchrun` command (`trainer_command`), but the trainer
-does not shard its work over processes yet (a later issue): such jobs fail with a clear message instead of
-running N uncoordinated copies into one run directory, unless ALIGNER_ALLOW_MULTIPROCESS=1.
+A job with `num_processes > 1` runs data-parallel under `torchrun --standalone` on this host (`trainer_command`,
+aligner/distributed.py): the ranks split each step's prompts, rank 0 alone writes the run directory, so following
+and resuming it is the same as for one process. A cancel's SIGTERM reaches torchrun, which passes it to the ranks
+(they agree on the step to stop at); torchrun itself SIGKILLs ranks still alive after its shutdown timeout
+(TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s by default), and ranks die with torchrun (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -103,7 +105,6 @@ class Settings:
     sweep_interval: float = 15.0  # s between two recovery sweeps in a worker
     max_attempts: int = 3  # a job whose worker is lost this many times fails
     python: str = field(default_factory=lambda: sys.executable)  # interpreter that runs the trainer
-    allow_multiprocess: bool = False
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -117,7 +118,6 @@ class Settings:
             sweep_interval=_env_float("ALIGNER_SWEEP_INTERVAL", 15.0),
             max_attempts=int(_env_float("ALIGNER_MAX_ATTEMPTS", 3)),
             python=os.environ.get("ALIGNER_TRAINER_PYTHON") or sys.executable,
-            allow_multiprocess=os.environ.get("ALIGNER_ALLOW_MULTIPROCESS", "") in ("1", "true", "yes"),
         )
 
 
@@ -343,11 +343,6 @@ class JobRun:
         data["run_dir"] = str(run_dir)
         data["trainer"] = {**(data.get("trainer") or {}), "progress_bar": False}  # train.log is no terminal
         config = config_from_dict(data, settings.data_dir)  # a ConfigError (ValueError) names the bad field
-        if job.num_processes > 1 and not settings.allow_multiprocess:
-            raise ValueError(
-                f"num_processes={job.num_processes}: multi-process training is not supported by the trainer yet "
-                "(the worker would start uncoordinated copies); run with num_processes=1"
-            )
         run_dir.mkdir(parents=True, exist_ok=True)
         kill_leftover_trainer(run_dir)
         config_path = run_dir / JOB_CONFIG_FILE

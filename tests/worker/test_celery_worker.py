@@ -196,3 +196,21 @@ def test_a_sigkilled_worker_loses_nothing(pg_available, redis_url, job_config, t
     finally:
         service.close()
         schema.drop()
+
+
+@pytest.mark.slow
+def test_a_two_process_job_cancels_at_one_checkpoint_and_leaves_no_rank(service, job_config, tmp_path):
+    """num_processes=2 under torchrun: the cancel's SIGTERM reaches both ranks through torchrun, they stop at the same
+    step, rank 0 saves it; each step's metrics are in SQL once, and no process of the job is left."""
+    config = job_config(max_steps=500, save_interval=1000, val_check_interval=1000, reward=PACED)
+    job_id = service.submit(config, run_dir=tmp_path / "run", num_processes=2)
+    wait_for(lambda: service.job(job_id).step >= 2, 90, "two training steps")
+    with session_scope(service.factory) as session:
+        transition(session, session.get(Job, job_id), "cancelling", cancel_requested=True)
+    job = service.wait_final(job_id, timeout=60)
+    assert job.status == "cancelled" and job.error is None
+    assert 2 <= job.step < 500
+    assert checkpoint_steps(service.factory, job_id) == [job.step]
+    counts = metric_counts(service.factory, job_id)
+    assert {step for step, _ in counts} == set(range(job.step + 1)) and set(counts.values()) == {1}
+    assert not trainer_alive(tmp_path / "run")

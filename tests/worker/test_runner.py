@@ -86,10 +86,27 @@ def test_a_bad_config_fails_naming_the_field(factory, tmp_path, job_config):
     assert job.status == "failed" and "optim.lr" in job.error and not (tmp_path / "run" / "train.log").exists()
 
 
-def test_several_processes_are_refused_until_the_trainer_shards(factory, tmp_path, job_config):
-    job_id = create_job(factory, job_config(), tmp_path / "run", num_processes=2)
-    assert run_job(job_id, settings(tmp_path), factory)["outcome"] == "failed"
-    assert "multi-process training is not supported" in job_row(factory, job_id).error
+@pytest.mark.slow
+def test_a_two_process_job_runs_under_torchrun(tmp_path, job_config):
+    """num_processes=2: torchrun with 2 data-parallel ranks; rank 0's metrics and samples reach SQL once each."""
+    from webapp.db import Base, make_engine, make_session_factory
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'aligner.db'}")
+    Base.metadata.create_all(engine)
+    factory = make_session_factory(engine)
+    job_id = create_job(factory, job_config(max_steps=2), tmp_path / "run", num_processes=2)
+    result = run_job(job_id, settings(tmp_path), factory)
+    assert result["outcome"] == "succeeded", result
+    job = job_row(factory, job_id)
+    assert (job.status, job.step, job.attempts, job.error) == ("succeeded", 2, 1, None)
+    with session_scope(factory) as session:
+        steps = list(session.scalars(select(Metric.step).where(Metric.job_id == job_id, Metric.name == "val/rewards")))
+        samples = session.scalar(select(func.count()).select_from(Sample).where(Sample.job_id == job_id))
+    assert sorted(steps) == [0, 2] and samples == 6 * 2 + 8 * 2  # validation at 0 and 2 (6 prompts); 8 a step
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "torch.distributed.run --standalone --nproc_per_node 2" in log and log.count("final policy:") == 1
+    assert (tmp_path / "run" / "final_policy").is_dir()
+    engine.dispose()
 
 
 def test_trainer_commands(tmp_path):

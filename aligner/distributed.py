@@ -1,0 +1,243 @@
+"""Data parallelism over processes started by `torchrun`: the process group, this rank's share, and reductions.
+
+    torchrun --standalone --nproc_per_node 2 -m aligner.cli train --config run.yaml       # 2 processes, 1 node
+
+Every rank holds the whole policy and optimiser. A step's global prompts are split into contiguous shares (all
+samples of a prompt on one rank, so the RLOO baseline is exact locally); each rank's loss is divided by the token
+count of the *global* batch, so the SUM of the ranks' gradients is the single-process gradient, and every rank then
+takes the same optimiser step. Metrics are reduced over ranks; only rank 0 writes files.
+
+Without torchrun (no WORLD_SIZE in the environment, or 1) there is no process group and every helper here is the
+identity, so single-process runs do exactly what they did before. The backend is gloo on the CPU and NCCL on CUDA,
+where rank r uses cuda:LOCAL_RANK.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# Gradients are all-reduced in flat buckets of this many elements: few calls, bounded extra memory.
+GRAD_BUCKET_NUMEL = 1 << 24
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def init(device: torch.device) -> torch.device:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) if there is one.
+
+    Returns the device this rank trains on: cuda:LOCAL_RANK when `device` is CUDA, else `device`.
+    """
+    if env_world_size() <= 1:
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        _die_with_launcher()
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    return device
+
+
+def _die_with_launcher() -> None:
+    """Linux: this rank gets SIGKILL when its torchrun agent dies.
+
+    torchrun starts each rank in a session of its own, so a SIGKILL to the agent's process group (the service's
+    worker does that on a cancel that overran its grace) would leave the ranks running, blocked in collectives.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the agent died before prctl took effect
+        os._exit(1)
+
+
+def destroy() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def shard(items: list, num_shards: int | None = None, index: int | None = None) -> list:
+    """This rank's contiguous share of `items`; the first `len % n` shares hold one item more.
+
+    Contiguous shares concatenated in rank order give `items` back, so gathered rows keep the global order.
+    """
+    n = world_size() if num_shards is None else num_shards
+    i = rank() if index is None else index
+    size, extra = divmod(len(items), n)
+    start = i * size + min(i, extra)
+    return items[start : start + size + (1 if i < extra else 0)]
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum over ranks of `tensor` (a new tensor; the input is left as it is)."""
+    if not dist.is_initialized():
+        return tensor
+    out = tensor.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is True on any: ranks that must leave a loop together agree first."""
+    if not dist.is_initialized():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=_collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """`[obj of rank 0, obj of rank 1, ...]` on every rank (picklable objects of any size)."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def gather_rows(rows: list) -> list:
+    """The lists of all ranks concatenated in rank order (the global order when each holds a contiguous share)."""
+    return [row for part in all_gather_objects(rows) for row in part]
+
+
+def mean_over_ranks(metrics: dict[str, float], weight: float = 1.0) -> dict[str, float]:
+    """Each metric averaged over the ranks, weighted by `weight` (the rank's number of samples, say).
+
+    A weighted mean of per-rank means is the mean over the global batch. Ranks of weight 0 (an empty share) do not
+    count; a metric that no rank of positive weight reports is dropped.
+    """
+    if not dist.is_initialized():
+        return dict(metrics)
+    parts = all_gather_objects((metrics, float(weight)))
+    out = {}
+    for key in _keys(m for m, _ in parts):
+        pairs = [(m[key], w) for m, w in parts if key in m and w > 0]
+        total = sum(w for _, w in pairs)
+        if total > 0:
+            out[key] = sum(v * w for v, w in pairs) / total
+    return out
+
+
+def max_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    """Each metric's largest value over the ranks (for timers: a step waits for its slowest rank)."""
+    if not dist.is_initialized():
+        return dict(metrics)
+    parts = all_gather_objects(metrics)
+    return {key: max(m[key] for m in parts if key in m) for key in _keys(parts)}
+
+
+def _keys(dicts) -> list[str]:
+    seen: dict[str, None] = {}
+    for d in dicts:
+        seen.update(dict.fromkeys(d))
+    return list(seen)
+
+
+def global_whiten(values: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """`(x - mean) / (std + eps)` with the mean and population std of `values` over every rank's elements.
+
+    The distributed form of `advantages_from_baseline(..., normalize=True)`: the same formula, the same result as
+    whitening the concatenated global batch in one process (to float rounding); a global batch of one element, or
+    of equal values, gives zeros.
+    """
+    if not dist.is_initialized():
+        from aligner.algorithms.reinforce import advantages_from_baseline
+
+        return advantages_from_baseline(values, torch.zeros_like(values), normalize=True, eps=eps)
+    x = values.to(torch.float64)
+    stats = all_reduce_sum(torch.stack([x.sum(), torch.tensor(float(x.numel()), dtype=x.dtype, device=x.device)]))
+    count = stats[1].clamp_min(1)
+    centered = x - stats[0] / count
+    if stats[1] <= 1:
+        return centered.to(values.dtype)
+    var = all_reduce_sum(centered.pow(2).sum()) / count
+    return (centered / (var.sqrt() + eps)).to(values.dtype)
+
+
+def all_reduce_gradients(parameters) -> None:
+    """Replace each trainable parameter's gradient by its SUM over ranks (a missing gradient counts as zeros).
+
+    The trainer divides every rank's loss by the global batch's count, so the sum is the whole batch's gradient;
+    DDP would average instead, and would all-reduce at every micro-batch's backward unless told not to.
+    """
+    if not dist.is_initialized():
+        return
+    params = [p for p in parameters if p.requires_grad]
+    for p in params:
+        if p.grad is None:  # unused on this rank: every rank must still send the same buckets
+            p.grad = torch.zeros_like(p)
+    for bucket in _buckets([p.grad for p in params]):
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for g in bucket:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def broadcast_parameters(parameters, src: int = 0) -> None:
+    """Copy rank `src`'s trainable parameters to every rank (randomly initialised ones such as adapters)."""
+    if not dist.is_initialized():
+        return
+    with torch.no_grad():
+        for bucket in _buckets([p.data for p in parameters if p.requires_grad]):
+            flat = torch.cat([t.reshape(-1) for t in bucket])
+            dist.broadcast(flat, src=src)
+            offset = 0
+            for t in bucket:
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+
+def _buckets(tensors: list[torch.Tensor]):
+    """Runs of tensors of one dtype and device, each of at most GRAD_BUCKET_NUMEL elements (or one larger tensor)."""
+    bucket: list[torch.Tensor] = []
+    numel = 0
+    for t in tensors:
+        if bucket and (
+            t.dtype != bucket[0].dtype or t.device != bucket[0].device or numel + t.numel() > GRAD_BUCKET_NUMEL
+        ):
+            yield bucket
+            bucket, numel = [], 0
+        bucket.append(t)
+        numel += t.numel()
+    if bucket:
+        yield bucket
+
+
+def _collective_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
