@@ -254,7 +254,7 @@ class ApiServer:
 
     def __init__(self, kind: str, database_url: str, data_dir: Path):
         self.kind = kind
-        from webapp.stack import free_port
+        from aligner.processes import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

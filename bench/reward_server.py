@@ -100,7 +100,7 @@ class RewardServer:
     """`aligner serve-reward` as a subprocess in its own session; `stop()` sends SIGTERM (SIGKILL after 60 s)."""
 
     def __init__(self, model_dir: Path, dynamic_batching: bool, extra: list[str]):
-        from webapp.stack import free_port
+        from aligner.processes import free_port
 
         self.port = free_port(3)
         self.url = f"http://127.0.0.1:{self.port}"

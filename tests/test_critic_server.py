@@ -29,8 +29,8 @@ from aligner.critic_server import (  # noqa: E402
     CriticServerConfig,
     TokenValueModel,
 )
+from aligner.processes import free_port  # noqa: E402
 from aligner.reward_server import RewardScorer, RewardServerConfig  # noqa: E402
-from webapp.stack import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 90

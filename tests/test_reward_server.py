@@ -22,9 +22,9 @@ import torch
 
 pytest.importorskip("pytriton")
 
+from aligner.processes import free_port  # noqa: E402
 from aligner.reward_client import RemoteRewardClient  # noqa: E402
 from aligner.rewards import ModelRewardClient, RewardError  # noqa: E402
-from webapp.stack import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 90

@@ -33,30 +33,14 @@ from pathlib import Path
 
 import requests
 
+from aligner.processes import free_port
+
 STACK_FILE = "stack.json"
 START_TIMEOUT_S = 120
 
 
 class StackError(RuntimeError):
     """A part of the stack that could not start; the message says which and where its log is."""
-
-
-def free_port(count: int = 1) -> int:
-    """A port p on 127.0.0.1 with p .. p+count-1 free (the reward server takes HTTP, gRPC and metrics: count 3)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + count - 1 > 65535:
-            continue
-        try:
-            for p in range(port, port + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return port
-        except OSError:
-            continue
-    raise StackError(f"no {count} consecutive free ports on 127.0.0.1")
 
 
 def redis_server_binary() -> str:

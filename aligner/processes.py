@@ -1,0 +1,89 @@
+"""Child servers a training run needs (PPO's critic server): free ports, start and wait until ready, stop.
+
+Used by `aligner train` (a PPO config without `critic.server_url` starts its own critic server) and by the service's
+worker, which starts the critic server a PPO job needs and stops it when the job ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+
+class ServerStartError(RuntimeError):
+    """A child server that exited or did not become ready; the message names its log."""
+
+
+def free_port(count: int = 1) -> int:
+    """A port p on 127.0.0.1 with p .. p+count-1 free (a Triton server takes HTTP, gRPC and metrics: count 3)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + count - 1 > 65535:
+            continue
+        try:
+            for p in range(port, port + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+    raise ServerStartError(f"no {count} consecutive free ports on 127.0.0.1")
+
+
+def launch_critic_server(
+    model_path: str | Path,
+    log_path: str | Path,
+    port: int | None = None,
+    checkpoint: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    timeout_s: float = 180.0,
+) -> tuple[subprocess.Popen, str]:
+    """Start `aligner serve-critic` in its own process group and wait until Triton is ready: (process, URL).
+
+    Output goes to `log_path`. `checkpoint` (a critic_save path) restores the critic for an exact resume.
+    """
+    port = port or free_port(3)
+    cmd = [sys.executable, "-m", "aligner.cli", "serve-critic", "--model", str(model_path), "--port", str(port)]
+    if checkpoint:
+        cmd += ["--checkpoint", str(checkpoint)]
+    for item in overrides:
+        cmd += ["--set", item]
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerStartError(f"the critic server exited with status {proc.returncode}; see {log_path}")
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
+                return proc, url
+        time.sleep(0.3)
+    stop_server(proc)
+    raise ServerStartError(f"the critic server was not ready after {timeout_s:.0f} s; see {log_path}")
+
+
+def stop_server(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM the server's process group (Triton and its stubs), then SIGKILL whatever is left after `grace_s`."""
+    if proc.poll() is None:
+        _signal_group(proc, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(grace_s)
+    _signal_group(proc, signal.SIGKILL)
+    proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
