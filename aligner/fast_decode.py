@@ -98,50 +98,63 @@ class LlamaDecoder:
         # RMSNorm's weight folded into the columns of the matmul that reads its output; the attention scaling folded
         # into the query rows (RoPE is linear, so scaling before or after it is the same).
         scaling = self.head_dim**-0.5
-        self.qkv, self.gate_up = [], []
-        for layer in model.model.layers:
+        # Per layer, every tensor and number the step reads, so the loop does no module attribute lookups.
+        self.layers = []
+        for layer, keys, values in zip(model.model.layers, self.keys, self.values):
             attn, mlp = layer.self_attn, layer.mlp
-            scales = [scaling, 1.0, 1.0]
-            weight, bias = fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj, scales=scales)
-            self.qkv.append((weight * layer.input_layernorm.weight, bias))
-            weight, bias = fuse_linears(mlp.gate_proj, mlp.up_proj)
-            self.gate_up.append((weight * layer.post_attention_layernorm.weight, bias))
+            qkv_weight, qkv_bias = fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj, scales=[scaling, 1.0, 1.0])
+            gate_up_weight, gate_up_bias = fuse_linears(mlp.gate_proj, mlp.up_proj)
+            self.layers.append(
+                (
+                    layer.input_layernorm.variance_epsilon,
+                    qkv_weight * layer.input_layernorm.weight,
+                    qkv_bias,
+                    keys,
+                    values,
+                    attn.o_proj,
+                    layer.post_attention_layernorm.variance_epsilon,
+                    gate_up_weight * layer.post_attention_layernorm.weight,
+                    gate_up_bias,
+                    mlp.act_fn,
+                    mlp.down_proj,
+                )
+            )
         head = model.lm_head
         self.head = (head.weight * model.model.norm.weight, head.bias)
-        self.eps = [
-            (layer.input_layernorm.variance_epsilon, layer.post_attention_layernorm.variance_epsilon)
-            for layer in model.model.layers
-        ]
         self.final_eps = model.model.norm.variance_epsilon
+        self.embed = model.model.embed_tokens
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [B, V] after feeding one token per row."""
-        inner = self.model.model
         batch, nh, nkv, d = tokens.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        x = inner.embed_tokens(tokens)  # [B, H]
+        x = self.embed(tokens)  # [B, H]
         cos, sin = self.cos[:, self.t, None], self.sin[:, self.t, None]  # [B, 1, d]
-        end = self.length + 1
+        pos, end = self.length, self.length + 1
         bias = self.bias[:, :, :end]
-        for i, layer in enumerate(inner.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            input_eps, post_eps = self.eps[i]
-            qkv = F.linear(rms_normalize(x, input_eps), *self.qkv[i]).view(batch, nh + 2 * nkv, d)
+        for input_eps, qkv_w, qkv_b, keys, values, o_proj, post_eps, gate_up_w, gate_up_b, act, down in self.layers:
+            qkv = F.linear(rms_normalize(x, input_eps), qkv_w, qkv_b).view(batch, nh + 2 * nkv, d)
             qk = apply_rope(qkv[:, : nh + nkv], cos, sin)  # queries and keys at once
-            self.keys[i][:, :, self.length] = qk[:, nh:]
-            self.values[i][:, :, self.length] = qkv[:, nh + nkv :]
+            keys[:, :, pos] = qk[:, nh:]
+            values[:, :, pos] = qkv[:, nh + nkv :]
             # Query heads j*group .. (j+1)*group-1 share key/value head j, as transformers' repeat_kv lays them out.
             q = qk[:, :nh].reshape(batch * nkv, nh // nkv, d)
-            keys = self.keys[i][:, :, :end].reshape(batch * nkv, end, d)
-            scores = torch.baddbmm(bias, q, keys.transpose(1, 2))
+            scores = torch.baddbmm(bias, q, keys[:, :, :end].reshape(batch * nkv, end, d).transpose(1, 2))
             probs = scores.softmax(-1) if q.dtype == torch.float32 else scores.softmax(-1, torch.float32).to(q.dtype)
-            out = torch.bmm(probs, self.values[i][:, :, :end].reshape(batch * nkv, end, d)).view(batch, nh * d)
-            x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-            gate, up = F.linear(rms_normalize(x, post_eps), *self.gate_up[i]).chunk(2, dim=-1)
-            x = x + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+            out = torch.bmm(probs, values[:, :, :end].reshape(batch * nkv, end, d)).view(batch, nh * d)
+            x = _residual_linear(x, out, o_proj)
+            gate, up = F.linear(rms_normalize(x, post_eps), gate_up_w, gate_up_b).chunk(2, dim=-1)
+            x = _residual_linear(x, act(gate) * up, down)
         self.length += 1
         self.t += 1
         return F.linear(rms_normalize(x, self.final_eps), *self.head)
+
+
+def _residual_linear(x: torch.Tensor, inputs: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """x + linear(inputs), as one addmm when the layer has no bias (Llama's)."""
+    if linear.bias is None:
+        return torch.addmm(x, inputs, linear.weight.t())
+    return x + F.linear(inputs, linear.weight, linear.bias)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
