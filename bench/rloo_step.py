@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 PROMPTS = 8
@@ -92,25 +91,15 @@ def build_workload(folder: Path) -> Path:
 def run_aligner(steps: int, warmup: int, overrides: list[str]) -> dict:
     """Time `steps` steps after `warmup` in this process."""
     sys.path.insert(0, str(Path(__file__).parent))
+    from workload import timed_steps
+
     from aligner.config import load_config
     from aligner.trainer import ReinforceTrainer
 
     with tempfile.TemporaryDirectory() as tmp:
         trainer = ReinforceTrainer(load_config(build_workload(Path(tmp)), overrides))
         trainer.setup()
-        times, phases, lengths = [], [], []
-        for i in range(warmup + steps):
-            indices = trainer.sampler.next_batch(PROMPTS)
-            start = time.perf_counter()
-            rollout = trainer.rollout(indices, trainer.train_data)
-            trainer.optimise(rollout)
-            elapsed = time.perf_counter() - start
-            trainer.step += 1
-            split = trainer.timers.pop()
-            if i >= warmup:
-                times.append(elapsed)
-                phases.append(split)
-                lengths.append(rollout.metrics["train_rollouts/response_lengths"])
+        times, phases, lengths = timed_steps(trainer, PROMPTS, steps, warmup)
     s = statistics.median(times)
     tokens = statistics.mean(lengths) * PROMPTS * SAMPLES
     return {

@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,6 +34,7 @@ sys.path.insert(0, str(HERE))
 def child(config: str, threads: int, prompts: int, steps: int, warmup: int) -> None:
     """One rank: time `steps` steps after `warmup`; rank 0 prints one JSON line."""
     from rloo_step import SAMPLES
+    from workload import timed_steps
 
     from aligner import distributed
     from aligner.config import load_config
@@ -43,20 +43,7 @@ def child(config: str, threads: int, prompts: int, steps: int, warmup: int) -> N
     overrides = [f"model.num_threads={threads}", f"reinforce.num_prompts_per_step={prompts}"]
     trainer = ReinforceTrainer(load_config(config, overrides))
     trainer.setup()
-    times, lengths, phases = [], [], []
-    for i in range(warmup + steps):
-        indices = trainer.sampler.next_batch(prompts)
-        distributed.barrier()
-        start = time.perf_counter()
-        rollout = trainer.rollout(indices, trainer.train_data)
-        trainer.optimise(rollout)
-        elapsed = time.perf_counter() - start
-        trainer.step += 1
-        split = trainer.timers.pop()
-        if i >= warmup:
-            times.append(elapsed)
-            lengths.append(rollout.metrics["train_rollouts/response_lengths"])  # already the global mean
-            phases.append(split)
+    times, phases, lengths = timed_steps(trainer, prompts, steps, warmup, before_step=distributed.barrier)
     if distributed.is_main():
         s = statistics.median(times)
         result = {

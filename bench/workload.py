@@ -1,9 +1,12 @@
 """The benchmarks' shared tiny model: the issue's Llama shape (hidden 128, 4 layers, 4 heads, vocab 512) and a
 byte-level BPE tokenizer trained on a synthetic corpus, built offline. Imported by bench/rloo_step.py and
-bench/reward_server.py (bench/trl_rloo_step.py runs in TRL's own environment and keeps its own copy).
+bench/reward_server.py and bench/scaling.py (bench/trl_rloo_step.py runs in TRL's own environment and keeps its own
+copy), as is `timed_steps`, the timing loop of Aligner's trainer.
 """
 
 from __future__ import annotations
+
+import time
 
 VOCAB = 512
 SHAPE = dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4)
@@ -103,3 +106,22 @@ def closed_loop(clients: int, warmup_s: float, seconds: float, request, first=No
         raise RuntimeError(f"a client failed: {errors[0]}") from errors[0]
     elapsed = max(e for _, e in spans) - min(s for s, _ in spans)
     return [x for xs in latencies for x in xs], elapsed, sum(totals)
+
+
+def timed_steps(trainer, prompts: int, steps: int, warmup: int, before_step=lambda: None):
+    """Run `warmup + steps` steps of a set-up trainer; of the last `steps`: seconds, phase splits, mean lengths."""
+    times, phases, lengths = [], [], []
+    for i in range(warmup + steps):
+        indices = trainer.sampler.next_batch(prompts)
+        before_step()
+        start = time.perf_counter()
+        rollout = trainer.rollout(indices, trainer.train_data)
+        trainer.optimise(rollout)
+        elapsed = time.perf_counter() - start
+        trainer.step += 1
+        split = trainer.timers.pop()
+        if i >= warmup:
+            times.append(elapsed)
+            phases.append(split)
+            lengths.append(rollout.metrics["train_rollouts/response_lengths"])  # the global mean under torchrun
+    return times, phases, lengths

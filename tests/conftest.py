@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,30 @@ def demo_assets_dir(tmp_path_factory) -> Path:
     from aligner.demo import build_demo_assets
 
     return build_demo_assets(tmp_path_factory.mktemp("demo") / "assets", seed=0, progress=False).parent
+
+
+@pytest.fixture
+def run_config(tmp_path, tiny_policy_dir):
+    """make(run_dir="run", **sections): a tiny REINFORCE config; each section given is merged over the default."""
+    prompts = ["tell me about the cat.", "describe the dog.", "a bird", "the old river", "the sea", "a song"]
+    for name in ("train", "val"):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+
+    def make(run_dir="run", **sections):
+        data = {
+            "run_dir": str(tmp_path / run_dir),
+            "model": {"policy_path": str(tiny_policy_dir)},
+            "data": {"train_file": str(tmp_path / "train.jsonl"), "val_file": str(tmp_path / "val.jsonl")},
+            "reward": {"function": "tests.test_trainer:letter_reward"},
+            "generation": {"max_new_tokens": 8},
+            "reinforce": {"num_prompts_per_step": 4, "num_rollouts_per_prompt": 2, "baseline": "none"},
+            "optim": {"lr": 1e-3, "warmup_steps": 1, "micro_batch_size": 3},
+            "trainer": {"max_steps": 4, "val_check_interval": 2, "save_interval": 2, "progress_bar": False},
+        }
+        for section, values in sections.items():
+            data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
+        from aligner.config import config_from_dict
+
+        return config_from_dict(data)
+
+    return make

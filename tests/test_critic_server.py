@@ -5,10 +5,8 @@ Run: .venv/bin/python -m pytest tests/test_critic_server.py -q
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,62 +29,15 @@ from aligner.critic_server import (  # noqa: E402
 )
 from aligner.processes import free_port  # noqa: E402
 from aligner.reward_server import RewardScorer, RewardServerConfig  # noqa: E402
+from tests.triton_servers import ServerProcess  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-START_TIMEOUT_S = 90
 MODELS = ("critic_infer", "critic_train", "critic_save")
 SERVER_SETTINGS = ("reward_mean=0.5", "reward_std=2.0", "lr=1e-3", "num_threads=1", "max_batch_size=2")
 
 
-class Server:
-    """`aligner serve-critic` in a subprocess of its own session, ready when its three models are."""
-
-    def __init__(self, model_dir: Path, *args: str, settings=SERVER_SETTINGS):
-        self.port = free_port(3)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115 - lives with the server
-        sets = [x for s in settings for x in ("--set", s)]
-        cmd = [
-            sys.executable,
-            "-m",
-            "aligner.cli",
-            "serve-critic",
-            "--model",
-            str(model_dir),
-            "--port",
-            str(self.port),
-        ]
-        self.proc = subprocess.Popen(
-            [*cmd, *sets, *args], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
-            if all(self._ready(m) for m in MODELS):
-                return
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"server not ready after {START_TIMEOUT_S} s:\n{self.output()}")
-
-    def _ready(self, model: str) -> bool:
-        try:
-            return requests.get(f"{self.url}/v2/models/{model}/ready", timeout=1).status_code == 200
-        except requests.RequestException:
-            return False
-
-    def output(self) -> str:
-        return Path(self.log.name).read_text()
-
-    def stop(self, sig=signal.SIGTERM, timeout=60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        return self.proc.returncode
+def Server(model_dir: Path, *args: str, settings=SERVER_SETTINGS) -> ServerProcess:  # noqa: N802
+    sets = [x for s in settings for x in ("--set", s)]
+    return ServerProcess("serve-critic", ["--model", str(model_dir), *sets, *args], MODELS)
 
 
 @pytest.fixture(scope="module")

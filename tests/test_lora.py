@@ -1,7 +1,6 @@
 """LoRA adapters (aligner/lora.py): only adapters train, the reference is the base with adapters disabled (no copy),
 resume is exact, and the exported policy is a merged plain Hugging Face folder."""
 
-import json
 import sys
 
 import pytest
@@ -11,7 +10,8 @@ from safetensors.torch import load_file
 from aligner.config import ConfigError, LoraConfig, config_from_dict
 from aligner.lora import LoraReference, wrap_with_lora
 from aligner.models import ResponseBatch, grouped_response_logprobs, load_policy
-from aligner.trainer import ADAPTER_DIR, ReinforceTrainer, list_checkpoints
+from aligner.trainer import ADAPTER_DIR, list_checkpoints
+from tests.test_trainer import train
 
 pytest.importorskip("peft")
 
@@ -94,42 +94,12 @@ def test_missing_peft_names_the_extra(tiny_policy_dir, monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------- in the trainer
-def letter_reward(prompts, responses):
-    return [r.count("e") / max(1, len(r)) for r in responses]
-
-
-@pytest.fixture
-def lora_config(tmp_path, tiny_policy_dir):
-    prompts = ["tell me about the cat.", "describe the dog.", "a bird", "the old river", "the sea", "a song"]
-    for name in ("train", "val"):
-        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-
-    def make(run_dir: str):
-        return config_from_dict(
-            {
-                "run_dir": str(tmp_path / run_dir),
-                "model": {"policy_path": str(tiny_policy_dir), "lora": {"r": 4, "alpha": 8, "dropout": 0.1}},
-                "data": {"train_file": str(tmp_path / "train.jsonl"), "val_file": str(tmp_path / "val.jsonl")},
-                "reward": {"function": "tests.test_lora:letter_reward"},
-                "generation": {"max_new_tokens": 8},
-                "reinforce": {"num_prompts_per_step": 4, "num_rollouts_per_prompt": 2, "baseline": "none"},
-                "optim": {"lr": 1e-2, "warmup_steps": 1, "micro_batch_size": 3},
-                "trainer": {"max_steps": 4, "val_check_interval": 2, "save_interval": 2, "progress_bar": False},
-            }
-        )
-
-    return make
-
-
-def train(config, resume=False, until_step=None):
-    trainer = ReinforceTrainer(config)
-    trainer.setup(resume=resume)
-    trainer.fit(until_step=until_step)
-    return trainer
-
-
 @pytest.mark.slow
-def test_lora_training_resumes_exactly_and_exports_a_merged_policy(lora_config, tiny_policy_dir):
+def test_lora_training_resumes_exactly_and_exports_a_merged_policy(run_config, tiny_policy_dir):
+    def lora_config(run_dir):
+        lora = {"policy_path": str(tiny_policy_dir), "lora": {"r": 4, "alpha": 8, "dropout": 0.1}}
+        return run_config(run_dir, model=lora, optim={"lr": 1e-2})
+
     from transformers import AutoModelForCausalLM
 
     straight = train(lora_config("straight"))

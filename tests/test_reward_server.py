@@ -7,10 +7,8 @@ own `tritonclient` (HTTP and gRPC) and with plain KServe-v2 JSON.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,9 +23,7 @@ pytest.importorskip("pytriton")
 from aligner.processes import free_port  # noqa: E402
 from aligner.reward_client import RemoteRewardClient  # noqa: E402
 from aligner.rewards import ModelRewardClient, RewardError  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
-START_TIMEOUT_S = 90
+from tests.triton_servers import ServerProcess  # noqa: E402
 
 
 def length_reward(prompts, responses, metadata):
@@ -35,38 +31,8 @@ def length_reward(prompts, responses, metadata):
     return [len(r) + (100.0 if m.get("answer") == r else 0.0) for r, m in zip(responses, metadata)]
 
 
-class Server:
-    def __init__(self, *args: str):
-        self.port = free_port(3)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115 - lives with the server
-        cmd = [sys.executable, "-m", "aligner.cli", "serve-reward", "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if requests.get(f"{self.url}/v2/models/reward_model/ready", timeout=1).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"server not ready after {START_TIMEOUT_S} s:\n{self.output()}")
-
-    def output(self) -> str:
-        return Path(self.log.name).read_text()
-
-    def stop(self, sig=signal.SIGTERM, timeout=60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        return self.proc.returncode
+def Server(*args: str) -> ServerProcess:  # noqa: N802 - reads as the class it was
+    return ServerProcess("serve-reward", list(args), ("reward_model",))
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,3 @@
-import json
 import math
 
 import pytest
@@ -6,7 +5,6 @@ import torch
 from safetensors.torch import load_file
 
 from aligner.cli import main
-from aligner.config import config_from_dict
 from aligner.data import PromptDataError
 from aligner.metrics import read_jsonl
 from aligner.trainer import ReinforceTrainer, RunDirError, list_checkpoints, lr_multiplier
@@ -32,30 +30,6 @@ NEMO_METRICS = [
 def letter_reward(prompts, responses):
     """Share of the letter 'e' in the response: any policy gets a graded, non-constant signal."""
     return [r.count("e") / max(1, len(r)) for r in responses]
-
-
-@pytest.fixture
-def run_config(tmp_path, tiny_policy_dir):
-    prompts = ["tell me about the cat.", "describe the dog.", "a bird", "the old river", "the sea", "a song"]
-    for name in ("train", "val"):
-        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-
-    def make(run_dir="run", **sections):
-        data = {
-            "run_dir": str(tmp_path / run_dir),
-            "model": {"policy_path": str(tiny_policy_dir)},
-            "data": {"train_file": str(tmp_path / "train.jsonl"), "val_file": str(tmp_path / "val.jsonl")},
-            "reward": {"function": "tests.test_trainer:letter_reward"},
-            "generation": {"max_new_tokens": 8},
-            "reinforce": {"num_prompts_per_step": 4, "num_rollouts_per_prompt": 2, "baseline": "none"},
-            "optim": {"lr": 1e-3, "warmup_steps": 1, "micro_batch_size": 3},
-            "trainer": {"max_steps": 4, "val_check_interval": 2, "save_interval": 2, "progress_bar": False},
-        }
-        for section, values in sections.items():
-            data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
-        return config_from_dict(data)
-
-    return make
 
 
 def train(config, resume=False, until_step=None):
