@@ -25,10 +25,11 @@ class UserError(Exception):
 def _cmd_train(args: argparse.Namespace) -> None:
     from aligner import distributed
     from aligner.config import load_config
+    from aligner.ppo_trainer import PPOTrainer
     from aligner.trainer import ReinforceTrainer
 
     config = load_config(args.config, args.overrides)
-    trainer = ReinforceTrainer(config)
+    trainer = (PPOTrainer if config.algorithm == "ppo" else ReinforceTrainer)(config)
     try:
         trainer.setup(resume=args.resume)  # joins the process group under torchrun
         trainer.fit()
@@ -117,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aligner", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="run REINFORCE / RLOO training from a YAML config")
+    train = sub.add_parser("train", help="run REINFORCE / RLOO or PPO training from a YAML config")
     train.add_argument("--config", required=True, help="YAML config file")
     train.add_argument(
         "--set",
@@ -186,13 +187,22 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from aligner.config import ConfigError
     from aligner.data import PromptDataError
+    from aligner.processes import ServerStartError
     from aligner.rewards import RewardError
     from aligner.trainer import RunDirError
 
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (UserError, ConfigError, PromptDataError, RewardError, RunDirError, FileNotFoundError) as err:
+    except (
+        UserError,
+        ConfigError,
+        PromptDataError,
+        RewardError,
+        RunDirError,
+        ServerStartError,
+        FileNotFoundError,
+    ) as err:
         print(f"aligner {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -235,18 +235,86 @@ class TrainerConfig(Section):
     progress_bar: bool = Field(True, description="Show a progress bar on the terminal.")
 
 
+class PPOConfig(Section):
+    """PPO's actor side (aligner/ppo_trainer.py); defaults and names are NeMo-Aligner's. The rollout sizes are the
+    `reinforce` section's (num_prompts_per_step, num_rollouts_per_prompt), so `algorithm` alone switches a job."""
+
+    ratio_eps: float = Field(0.2, gt=0, description="Clip of the probability ratio: 1 - eps .. 1 + eps.")
+    entropy_bonus: float = Field(0.0, ge=0, description="Weight of the policy's mean token entropy in the loss.")
+    discount_factor: float = Field(1.0, ge=0, le=1, description="GAE's gamma: discount per token.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE's lambda: 1 Monte-Carlo returns, 0 one-step TD.")
+    normalize_advantages: bool = Field(True, description="Whiten the advantages over the batch's valid tokens.")
+    initial_policy_kl_penalty: float = Field(
+        0.01, ge=0, description="Per-token KL coefficient: r_t = -coef * KL_t (+ the reward on the last token)."
+    )
+    use_absolute_kl: bool = Field(True, description="Per-token KL as |logp - logp_ref| (else logp - logp_ref).")
+    num_mini_batches: int = Field(
+        1,
+        ge=1,
+        description="Optimiser steps per rollout: the rollout is split into this many mini-batches (NeMo-Aligner's "
+        "num_rollout_samples / global_batch_size). With 1 the policy never moves away from the sampling policy "
+        "within a step, so the ratio clip is inactive; more reuse each rollout more, and the clip keeps it safe.",
+    )
+
+
+class CriticConfig(Section):
+    """PPO's critic: a server (`aligner serve-critic`) that serves values (and rewards) and trains on returns."""
+
+    server_url: str | None = Field(
+        None,
+        description="URL of a running critic server. None: `aligner train` starts one from model_path (and stops "
+        "it at the end); an external one must be restarted from the checkpoint's critic on --resume.",
+    )
+    model_path: str | None = Field(
+        None, description="Reward-model folder the critic starts from, when `aligner train` starts the server."
+    )
+    server_overrides: list[str] = Field(
+        default_factory=list,
+        description="`--set key=value` items for the critic server started here (e.g. lr=1e-3; see critic_server.py).",
+    )
+    use_critic_rewards: bool = Field(
+        False,
+        description="Take rewards from the critic server's critic_infer (NeMo's combine_rm_and_critic_server) "
+        "instead of the `reward` section, which may then be left out.",
+    )
+    timeout_s: float = Field(60.0, gt=0, description="Seconds a critic_infer request may take.")
+    max_retries: int = Field(3, ge=0, description="Retries of a failed critic_infer request, with backoff.")
+
+
 class TrainConfig(Section):
-    """A whole REINFORCE run."""
+    """A whole run: REINFORCE / RLOO (aligner/trainer.py) or PPO (aligner/ppo_trainer.py), by `algorithm`."""
 
     run_dir: str = Field("runs/reinforce", description="Metrics, samples, checkpoints and the final policy go here.")
     seed: int = Field(1234, description="Seeds data order, sampling and initialisation.")
+    algorithm: Literal["reinforce", "ppo"] = Field(
+        "reinforce", description="'reinforce' (critic-free, RLOO) or 'ppo' (a critic server, the `critic` section)."
+    )
     model: ModelConfig
     data: DataConfig
-    reward: RewardConfig
+    reward: RewardConfig | None = Field(
+        None, description="Where rewards come from; required unless PPO takes them from the critic server."
+    )
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     reinforce: ReinforceConfig = Field(default_factory=ReinforceConfig)
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+    @model_validator(mode="after")
+    def _sources(self) -> TrainConfig:
+        critic_rewards = self.algorithm == "ppo" and self.critic.use_critic_rewards
+        if self.reward is None and not critic_rewards:
+            raise ValueError(
+                "reward: required field is missing (give reward.function, reward.model_path or reward.server_url; "
+                "only algorithm: ppo with critic.use_critic_rewards: true goes without)"
+            )
+        if self.algorithm == "ppo" and not (self.critic.server_url or self.critic.model_path):
+            raise ValueError(
+                "algorithm: ppo needs a critic: give critic.server_url (a running `aligner serve-critic`) or "
+                "critic.model_path (a reward-model folder `aligner train` starts a critic server from)"
+            )
+        return self
 
 
 # Fields holding paths, resolved against the config file's folder when relative.
@@ -257,6 +325,7 @@ PATH_FIELDS = (
     ("data", "train_file"),
     ("data", "val_file"),
     ("reward", "model_path"),
+    ("critic", "model_path"),
 )
 
 

@@ -19,6 +19,7 @@ The folder holds:
     prompts_train.jsonl   training prompts, as {"prompt": ...} lines and some {"messages": [...]} lines
     prompts_val.jsonl     validation prompts, disjoint from the training ones
     reinforce.yaml        a ready `aligner train` config (relative paths resolve against this folder)
+    ppo.yaml              the same run with `algorithm: ppo`: a critic server started from reward_model/
     preferences_train.jsonl, preferences_val.jsonl
                           preference pairs {"prompt", "chosen", "rejected"}: two SFT-style responses (`make_response`)
                           to one chat-formatted prompt (train / validation prompts), chosen = the higher `reward`
@@ -136,6 +137,7 @@ OWN_ENTRIES = frozenset(
         "prompts_train.jsonl",
         "prompts_val.jsonl",
         "reinforce.yaml",
+        "ppo.yaml",
         "preferences_train.jsonl",
         "preferences_val.jsonl",
         "reward_model.yaml",
@@ -459,6 +461,33 @@ trainer:
   keep_checkpoints: 2
 """
 
+PPO_CONFIG_HEADER = """\
+# Demo PPO run: the settings of reinforce.yaml with `algorithm: ppo` and a critic (see aligner/ppo_trainer.py).
+# Run it with
+#     aligner train --config DIR/ppo.yaml
+# where DIR is this folder. `aligner train` starts a critic server (aligner serve-critic) from DIR/reward_model,
+# trains it beside the policy and stops it at the end; its log goes to DIR/runs/ppo/critic_server.log.
+# Rewards still come from aligner.demo:reward (as in reinforce.yaml), so the two runs' rewards compare directly.
+"""
+PPO_CONFIG_EXTRA = """\
+algorithm: ppo
+ppo:
+  initial_policy_kl_penalty: 0.02
+  gae_lambda: 0.95
+  normalize_advantages: true
+critic:
+  model_path: reward_model
+  # The critic starts from the reward model, whose scale is not this reward's: a high rate lets it catch up.
+  server_overrides: [lr=1.0e-3]
+"""
+
+
+def ppo_config_text() -> str:
+    """ppo.yaml: reinforce.yaml's settings (its comment header replaced) plus the PPO sections."""
+    body = CONFIG_TEMPLATE[CONFIG_TEMPLATE.index("run_dir:") :].replace("run_dir: runs/reinforce", "run_dir: runs/ppo")
+    return PPO_CONFIG_HEADER + body + PPO_CONFIG_EXTRA
+
+
 RM_CONFIG_TEMPLATE = """\
 # Demo reward-model training (Bradley-Terry) on the preference pairs built by `aligner demo-assets` (aligner/demo.py).
 # `aligner demo-assets DIR` already ran it into DIR/reward_model; run it again (after editing) with
@@ -618,6 +647,7 @@ def build_demo_assets(
 
     config_path = out_dir / "reinforce.yaml"
     _write_text(config_path, CONFIG_TEMPLATE)
+    _write_text(out_dir / "ppo.yaml", ppo_config_text())
     _status(progress, f"done in {time.perf_counter() - start:.0f} s")
     return config_path
 

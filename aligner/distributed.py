@@ -10,17 +10,21 @@ takes the same optimiser step. Metrics are reduced over ranks; only rank 0 write
 Without torchrun (no WORLD_SIZE in the environment, or 1) there is no process group and every helper here is the
 identity, so single-process runs do exactly what they did before. The backend is gloo on the CPU and NCCL on CUDA,
 where rank r uses cuda:LOCAL_RANK.
+
+With model parallelism (the Megatron backend) the trainer declares each rank's data-parallel rank and size
+(`set_data_parallel`): shares go by data-parallel rank, and one rank per model-parallel group counts in metrics,
+whitening and gathered rows.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from aligner.processes import die_with_parent
 
 # Gradients are all-reduced in flat buckets of this many elements: few calls, bounded extra memory.
 GRAD_BUCKET_NUMEL = 1 << 24
@@ -42,6 +46,30 @@ def is_main() -> bool:
     return rank() == 0
 
 
+# Model parallelism (the Megatron backend): ranks of one tensor/pipeline-parallel group hold shards of one model
+# replica and see the same rollouts, so prompts and sampling seeds go by the data-parallel rank, and only one rank
+# per replica (its "leader", model-parallel rank 0) counts in metrics and logged rows. None: every rank is a replica.
+_data_parallel: tuple[int, int, bool] | None = None
+
+
+def set_data_parallel(dp_rank: int, dp_size: int, leader: bool) -> None:
+    """Declare this rank's data-parallel rank and size, and whether it speaks for its model-parallel group."""
+    global _data_parallel
+    _data_parallel = (dp_rank, dp_size, leader)
+
+
+def dp_rank() -> int:
+    return rank() if _data_parallel is None else _data_parallel[0]
+
+
+def dp_size() -> int:
+    return world_size() if _data_parallel is None else _data_parallel[1]
+
+
+def is_dp_leader() -> bool:
+    return True if _data_parallel is None else _data_parallel[2]
+
+
 def init(device: torch.device) -> torch.device:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) if there is one.
 
@@ -53,32 +81,17 @@ def init(device: torch.device) -> torch.device:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        _die_with_launcher()
+        # torchrun starts each rank in a session of its own, so a SIGKILL to the agent's process group (the worker
+        # does that on a cancel that overran its grace) would leave the ranks running, blocked in collectives.
+        die_with_parent()
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     return device
 
 
-def _die_with_launcher() -> None:
-    """Linux: this rank gets SIGKILL when its torchrun agent dies.
-
-    torchrun starts each rank in a session of its own, so a SIGKILL to the agent's process group (the service's
-    worker does that on a cancel that overran its grace) would leave the ranks running, blocked in collectives.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the agent died before prctl took effect
-        os._exit(1)
-
-
 def destroy() -> None:
+    global _data_parallel
+    _data_parallel = None
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -91,10 +104,11 @@ def barrier() -> None:
 def shard(items: list, num_shards: int | None = None, index: int | None = None) -> list:
     """This rank's contiguous share of `items`; the first `len % n` shares hold one item more.
 
-    Contiguous shares concatenated in rank order give `items` back, so gathered rows keep the global order.
+    Contiguous shares concatenated in rank order give `items` back, so gathered rows keep the global order. The
+    shares go by data-parallel rank: the ranks of one model-parallel group get the same share.
     """
-    n = world_size() if num_shards is None else num_shards
-    i = rank() if index is None else index
+    n = dp_size() if num_shards is None else num_shards
+    i = dp_rank() if index is None else index
     size, extra = divmod(len(items), n)
     start = i * size + min(i, extra)
     return items[start : start + size + (1 if i < extra else 0)]
@@ -128,8 +142,9 @@ def all_gather_objects(obj: Any) -> list[Any]:
 
 
 def gather_rows(rows: list) -> list:
-    """The lists of all ranks concatenated in rank order (the global order when each holds a contiguous share)."""
-    return [row for part in all_gather_objects(rows) for row in part]
+    """The lists of all ranks concatenated in rank order (the global order when each holds a contiguous share);
+    with model parallelism, those of one rank per model-parallel group (the others hold the same rows)."""
+    return [row for leader, part in all_gather_objects((is_dp_leader(), rows)) if leader for row in part]
 
 
 def mean_over_ranks(metrics: dict[str, float], weight: float = 1.0) -> dict[str, float]:
@@ -140,7 +155,7 @@ def mean_over_ranks(metrics: dict[str, float], weight: float = 1.0) -> dict[str,
     """
     if not dist.is_initialized():
         return dict(metrics)
-    parts = all_gather_objects((metrics, float(weight)))
+    parts = all_gather_objects((metrics, float(weight) if is_dp_leader() else 0.0))
     out = {}
     for key in _keys(m for m, _ in parts):
         pairs = [(m[key], w) for m, w in parts if key in m and w > 0]
@@ -176,14 +191,16 @@ def global_whiten(values: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
         from aligner.algorithms.reinforce import advantages_from_baseline
 
         return advantages_from_baseline(values, torch.zeros_like(values), normalize=True, eps=eps)
-    x = values.to(torch.float64)
+    # Only one rank per model-parallel group counts (the others hold the same values).
+    x = values.to(torch.float64) if is_dp_leader() else values.new_zeros(0, dtype=torch.float64)
     stats = all_reduce_sum(torch.stack([x.sum(), torch.tensor(float(x.numel()), dtype=x.dtype, device=x.device)]))
     count = stats[1].clamp_min(1)
-    centered = x - stats[0] / count
+    mean = stats[0] / count
+    centered = x - mean
     if stats[1] <= 1:
-        return centered.to(values.dtype)
+        return (values.to(torch.float64) - mean).to(values.dtype)
     var = all_reduce_sum(centered.pow(2).sum()) / count
-    return (centered / (var.sqrt() + eps)).to(values.dtype)
+    return ((values.to(torch.float64) - mean) / (var.sqrt() + eps)).to(values.dtype)
 
 
 def all_reduce_gradients(parameters) -> None:

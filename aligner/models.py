@@ -178,12 +178,29 @@ def grouped_response_logprobs(model: nn.Module, batch: ResponseBatch) -> torch.T
     The result equals `response_logprobs` on the concatenated rows up to float rounding. Gradient checkpointing
     disables transformers' cache, so with it the rows are concatenated instead.
     """
+    t = batch.response_ids.shape[1]
+    if model.training and _activation_checkpointing(model):
+        input_ids, attention_mask = batch.sequences()
+        return response_logprobs(model, input_ids, attention_mask, t)
+    logits = grouped_response_logits(model, batch)
+    return logits.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+def grouped_response_logits(model: nn.Module, batch: ResponseBatch) -> torch.Tensor:
+    """Float32 logits [B, T, V] predicting each response token, each distinct prompt run once (as
+    `grouped_response_logprobs`, which PPO's entropy needs the whole distribution of)."""
     from transformers import DynamicCache
 
     t = batch.response_ids.shape[1]
     if model.training and _activation_checkpointing(model):
         input_ids, attention_mask = batch.sequences()
-        return response_logprobs(model, input_ids, attention_mask, t)
+        return model(
+            input_ids=input_ids[:, :-1],
+            attention_mask=attention_mask[:, :-1],
+            position_ids=position_ids_from_mask(attention_mask)[:, :-1],
+            use_cache=False,
+            logits_to_keep=t,
+        ).logits.float()
     cache = DynamicCache(config=model.config)
     prompt_out = model(
         input_ids=batch.prompt_ids,
@@ -208,8 +225,7 @@ def grouped_response_logprobs(model: nn.Module, batch: ResponseBatch) -> torch.T
             use_cache=True,
         ).logits
         logits = torch.cat([logits, rest], dim=1)
-    logits = logits.float()
-    return logits.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+    return logits.float()
 
 
 class ReferencePolicy:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import requests
 
+CRITIC_MODELS = ("critic_infer", "critic_train", "critic_save")  # aligner/critic_server.py's MODELS
+
 
 class ServerStartError(RuntimeError):
     """A child server that exited or did not become ready; the message names its log."""
@@ -40,6 +42,30 @@ def free_port(count: int = 1) -> int:
     raise ServerStartError(f"no {count} consecutive free ports on 127.0.0.1")
 
 
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Linux: this process gets `sig` when its parent dies, even by SIGKILL (PR_SET_PDEATHSIG).
+
+    Called in a child between fork and exec (`preexec_fn`) or first thing in a process: a trainer whose worker
+    was killed, a rank whose torchrun agent was killed, a critic server whose trainer or worker was killed.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _critic_dies_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    # SIGTERM, not SIGKILL: the server then stops Triton and removes its workspace.
+    die_with_parent(signal.SIGTERM)
+
+
 def launch_critic_server(
     model_path: str | Path,
     log_path: str | Path,
@@ -60,14 +86,22 @@ def launch_critic_server(
         cmd += ["--set", item]
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=os.environ,
+            preexec_fn=_critic_dies_with_parent,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise ServerStartError(f"the critic server exited with status {proc.returncode}; see {log_path}")
         with contextlib.suppress(requests.RequestException):
-            if requests.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
+            # Triton reports itself ready before PyTriton has bound the models: wait for each of them.
+            if all(requests.get(f"{url}/v2/models/{m}/ready", timeout=2).status_code == 200 for m in CRITIC_MODELS):
                 return proc, url
         time.sleep(0.3)
     stop_server(proc)
@@ -75,9 +109,14 @@ def launch_critic_server(
 
 
 def stop_server(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """SIGTERM the server's process group (Triton and its stubs), then SIGKILL whatever is left after `grace_s`."""
+    """SIGTERM the server, then SIGKILL its whole process group (Triton and its stubs) after at most `grace_s`.
+
+    Only the main process gets the SIGTERM: it stops Triton, which ends the model stubs in a few seconds; a SIGTERM
+    to the whole group also hits the stubs first, and PyTriton then waits out its full timeout for them.
+    """
     if proc.poll() is None:
-        _signal_group(proc, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(grace_s)
     _signal_group(proc, signal.SIGKILL)

@@ -8,16 +8,23 @@ A step: draw `num_prompts_per_step` prompts, sample `num_rollouts_per_prompt` re
 compute the KL to the frozen initial policy, the RLOO baseline and the advantages, then one AdamW step over the
 batch in micro-batches. Lifecycle: `setup` -> `fit` (-> `rollout`, `optimise`, `validate`, `save_checkpoint`);
 `load_checkpoint` restores everything a step depends on, so 2 steps + resume + 2 steps equals 4 steps.
+`checkpoints/best.json` names the checkpoint with the best validation reward (`best_checkpoint`), which pruning keeps.
+PPO (aligner/ppo_trainer.py) is a subclass that replaces `rollout` and `optimise`.
 
 SIGTERM or a first Ctrl-C stops the run at the next step boundary with a checkpoint saved.
 
 Under torchrun each rank generates for its share of the step's global prompts; the loss normaliser and the
 gradients are summed over ranks, so every rank takes the update one process would take on the whole batch.
 Metrics are reduced over ranks, and rank 0 alone writes files.
+
+With `model.backend: megatron` (under torchrun, TP x PP x DP processes) the step runs on a Megatron-Core shard of
+the policy (`megatron_reinforce_step`); shares and seeds go by data-parallel rank, generation and the reference stay
+on HF models refit from the gathered Megatron weights after each step, and each rank checkpoints its optimiser state.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import shutil
@@ -61,6 +68,8 @@ CHECKPOINT_DIR = "checkpoints"
 FINAL_POLICY_DIR = "final_policy"
 ADAPTER_DIR = "adapter"  # in a checkpoint, instead of "policy", with model.lora
 STATE_FILE = "trainer_state.pt"
+BEST_FILE = "best.json"  # in checkpoints/: {"step", "val/rewards", "path"} of the best checkpoint
+MEGATRON_OPTIMIZER_FILE = "megatron_optimizer_rank{rank:05d}.pt"  # model.backend=megatron: one per rank
 VALIDATION_SEED_OFFSET = 7_919  # validation samples with its own fixed noise, the same at every validation
 RANK_SEED_STRIDE = 1 << 32  # rank r samples with seed + r * stride: its own noise, never another step's
 
@@ -100,19 +109,18 @@ class ReinforceTrainer:
         self.config = config
         self.run_dir = Path(config.run_dir)
         self.step = 0
+        self.megatron_model = None  # model.backend=megatron: this rank's shard of the trained policy
         self.timers = Timers()
         self._stop_requested = False
+        self.last_validation: tuple[int, float] | None = None  # (step, val/rewards) of the latest validation
+        self.best: dict[str, Any] | None = None  # {"step", "val/rewards"} of the best checkpoint so far
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self, resume: bool = False) -> None:
         cfg = self.config
         # Input that can be wrong is checked before any model loads.
-        if cfg.model.backend == "megatron":
-            # Better refused than silently trained with the HF backend: the loop does not drive Megatron yet.
-            raise ConfigError(
-                "model.backend=megatron is not wired into `aligner train` yet; aligner/megatron_backend.py offers "
-                "the conversion, log-probs and REINFORCE step as a library"
-            )
+        if self.uses_megatron and self.uses_lora:
+            raise ConfigError("model.backend=megatron trains the full model: model.lora.r must be 0")
         train_records = read_prompt_file(cfg.data.train_file)
         val_records = read_prompt_file(cfg.data.val_file)
         checkpoints = list_checkpoints(self.run_dir)
@@ -126,10 +134,12 @@ class ReinforceTrainer:
         if self.uses_lora:
             require_peft()
         self.device = distributed.init(resolve_device(cfg.model.device))
-        if cfg.reinforce.num_prompts_per_step < distributed.world_size():
+        if self.uses_megatron:
+            self._init_megatron_parallel()
+        if cfg.reinforce.num_prompts_per_step < distributed.dp_size():
             raise ConfigError(
                 f"reinforce.num_prompts_per_step ({cfg.reinforce.num_prompts_per_step}) is global over processes and "
-                f"must be at least their number ({distributed.world_size()}): every rank needs a prompt"
+                f"must be at least their number ({distributed.dp_size()}): every rank needs a prompt"
             )
         if cfg.model.num_threads:
             torch.set_num_threads(cfg.model.num_threads)
@@ -138,7 +148,8 @@ class ReinforceTrainer:
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         _quiet_transformers()
-        self.reward_client = build_reward_client(cfg.reward, device=self.device)
+        # None only for PPO taking its rewards from the critic server (PPOTrainer scores through it).
+        self.reward_client = build_reward_client(cfg.reward, device=self.device) if cfg.reward else None
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.policy_path)
         self.train_data = build_prompt_dataset(
             train_records, self.tokenizer, cfg.data.apply_chat_template, cfg.data.max_prompt_length
@@ -162,13 +173,16 @@ class ReinforceTrainer:
         else:
             # Built from the initial weights before any checkpoint is loaded: the KL is always to the SFT policy.
             self.reference = ReferencePolicy(self.policy)
-        if cfg.model.gradient_checkpointing:
+        if cfg.model.gradient_checkpointing and not self.uses_megatron:
             self.policy.gradient_checkpointing_enable()
         self.generator = TorchGenerator(
             self.policy, self.tokenizer, cfg.generation, eos_token_ids(self.policy, self.tokenizer)
         )
+        trained = self.policy
+        if self.uses_megatron:
+            trained = self.megatron_model = self._build_megatron_model()
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.policy.parameters() if p.requires_grad],
+            [p for p in trained.parameters() if p.requires_grad],
             lr=cfg.optim.lr,
             betas=cfg.optim.betas,
             eps=cfg.optim.eps,
@@ -202,6 +216,58 @@ class ReinforceTrainer:
     def uses_lora(self) -> bool:
         return self.config.model.lora.r > 0
 
+    @property
+    def uses_megatron(self) -> bool:
+        return self.config.model.backend == "megatron"
+
+    # ----------------------------------------------------------------------------------------------- Megatron
+    def _init_megatron_parallel(self) -> None:
+        """Megatron's TP/PP/DP groups over the process group `distributed.init` joined (world = TP x PP x DP)."""
+        from megatron.core import parallel_state
+
+        from aligner import megatron_backend as mb
+
+        model = self.config.model
+        tp, pp = model.tensor_model_parallel_size, model.pipeline_model_parallel_size
+        if distributed.world_size() % (tp * pp):
+            raise ConfigError(
+                f"the number of processes ({distributed.world_size()}) must be a multiple of "
+                f"tensor_model_parallel_size * pipeline_model_parallel_size ({tp} * {pp})"
+            )
+        if distributed.env_world_size() <= 1:
+            raise ConfigError("model.backend=megatron runs under torchrun (torchrun --nproc_per_node N ...)")
+        mb.init_megatron_parallel(tp, pp, seed=self.config.seed)
+        leader = parallel_state.get_tensor_model_parallel_rank() == 0
+        leader = leader and parallel_state.get_pipeline_model_parallel_rank() == 0
+        distributed.set_data_parallel(
+            parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size(), leader
+        )
+
+    def _build_megatron_model(self):
+        """This rank's shard of the policy as a Megatron `GPTModel`; the HF policy stays whole for generation (and
+        is refit from the Megatron weights after every step), so it needs no gradients."""
+        from aligner import megatron_backend as mb
+
+        model = self.config.model
+        self.policy.requires_grad_(False)
+        rng = torch.get_rng_state()  # Megatron's initialisation (overwritten by the HF weights) draws numbers
+        megatron_model = mb.build_megatron_model(
+            self.policy.config,
+            self.policy.state_dict(),
+            model.tensor_model_parallel_size,
+            model.pipeline_model_parallel_size,
+        )
+        torch.set_rng_state(rng)
+        return megatron_model
+
+    def _refit_policy(self) -> None:
+        """The HF policy (generation, checkpoints) := the Megatron weights, gathered over TP and PP."""
+        from aligner import megatron_backend as mb
+
+        state = mb.model_to_hf_state_dict(self.megatron_model, self.policy.config)
+        self.policy.load_state_dict(state)
+        self.generator.update_weights(self.policy)
+
     # ----------------------------------------------------------------------------------------------- the loop
     def fit(self, until_step: int | None = None) -> None:
         """Train to `trainer.max_steps`, or stop early at `until_step` with a checkpoint (as a cancel would)."""
@@ -211,7 +277,7 @@ class ReinforceTrainer:
         bar = tqdm(
             total=cfg.max_steps,
             initial=self.step,
-            desc="reinforce",
+            desc=self.config.algorithm,
             disable=not (cfg.progress_bar and distributed.is_main()),
             dynamic_ncols=True,
         )
@@ -236,7 +302,8 @@ class ReinforceTrainer:
                 if until_step is not None and self.step >= until_step:
                     self.request_stop()
                 stop = distributed.any_rank(self._stop_requested)
-                if self.step % cfg.save_interval == 0 or last or stop:
+                # A validation that beats the best so far is checkpointed at once, so the best policy is kept.
+                if self.step % cfg.save_interval == 0 or last or stop or self._validated_new_best():
                     self.save_checkpoint()
                 bar.update(1)
                 bar.set_postfix(
@@ -252,7 +319,8 @@ class ReinforceTrainer:
             distributed.barrier()
         elif distributed.is_main():
             print(f"stopped at step {self.step}; continue with --resume", file=sys.stderr)
-        self.reward_client.close()
+        if self.reward_client is not None:
+            self.reward_client.close()
 
     def request_stop(self) -> None:
         """Finish the current step, save a checkpoint, and return from `fit`."""
@@ -261,7 +329,7 @@ class ReinforceTrainer:
     # ----------------------------------------------------------------------------------------------- rollout
     def _sampling_seed(self, step: int) -> int:
         # Derived from the step (and rank), so a resumed run samples exactly what an uninterrupted one would.
-        return self.config.seed * 1_000_003 + step + distributed.rank() * RANK_SEED_STRIDE
+        return self.config.seed * 1_000_003 + step + distributed.dp_rank() * RANK_SEED_STRIDE
 
     def _score(self, gen: GenerationOutput, data: PromptDataset, prompt_indices: list[int]):
         """Start the reward request; prompts and metadata repeat for each sample of their prompt."""
@@ -342,6 +410,8 @@ class ReinforceTrainer:
 
     # ----------------------------------------------------------------------------------------------- optimise
     def optimise(self, rollout: Rollout) -> dict[str, float]:
+        if self.uses_megatron:
+            return self._optimise_megatron(rollout)
         cfg = self.config
         aggregation = cfg.reinforce.loss_aggregation
         self.policy.train()
@@ -367,6 +437,29 @@ class ReinforceTrainer:
             self.generator.update_weights(self.policy)
         return {"train_optim/loss": total_loss, "train_optim/grad_norm": grad_norm.item(), "train_optim/lr": lr}
 
+    def _optimise_megatron(self, rollout: Rollout) -> dict[str, float]:
+        """The same step on this rank's Megatron shard: the normaliser summed over DP ranks, clipping over every
+        shard and stage (`megatron_reinforce_step`); then the HF policy is refit for generation."""
+        from aligner import megatron_backend as mb
+
+        cfg = self.config
+        lr = self.optimizer.param_groups[0]["lr"]
+        with self.timers.time("train"):
+            metrics = mb.megatron_reinforce_step(
+                self.megatron_model,
+                self.optimizer,
+                rollout.batch,
+                rollout.advantages,
+                rollout.loss_mask,
+                cfg.reinforce.loss_aggregation,
+                micro_batch_size=cfg.optim.micro_batch_size,
+                max_grad_norm=cfg.optim.max_grad_norm,
+            )
+            self.scheduler.step()
+        with self.timers.time("refit"):
+            self._refit_policy()
+        return {**metrics, "train_optim/lr": lr}
+
     # ----------------------------------------------------------------------------------------------- validate
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
@@ -375,7 +468,7 @@ class ReinforceTrainer:
         indices = distributed.shard(list(range(n)))  # may be empty on some ranks when n < processes
         rows, metrics = [], {}
         if indices:
-            seed = self.config.seed * 1_000_003 + VALIDATION_SEED_OFFSET + distributed.rank() * RANK_SEED_STRIDE
+            seed = self.config.seed * 1_000_003 + VALIDATION_SEED_OFFSET + distributed.dp_rank() * RANK_SEED_STRIDE
             gen = self.generator.generate([self.val_data.token_ids[i] for i in indices], 1, seed)
             prompts, future = self._score(gen, self.val_data, indices)
             ref = self._logprobs(self.reference.logprobs, gen.response_batch())
@@ -388,7 +481,10 @@ class ReinforceTrainer:
                 "val/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
             }
         self.log.log_samples(distributed.gather_rows(rows))
-        return distributed.mean_over_ranks(metrics, weight=len(indices))
+        metrics = distributed.mean_over_ranks(metrics, weight=len(indices))
+        if "val/rewards" in metrics:
+            self.last_validation = (self.step, metrics["val/rewards"])
+        return metrics
 
     # ----------------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
@@ -397,34 +493,64 @@ class ReinforceTrainer:
         With LoRA the policy part is the adapters only (a peft folder): the base weights are the policy_path's.
         """
         final = self.run_dir / CHECKPOINT_DIR / f"step_{self.step:06d}"
+        tmp = final.with_name(final.name + ".tmp")
         rng_per_rank = distributed.all_gather_objects(_rng_state())
+        self._update_best()
+        if self.uses_megatron:
+            # Each rank's optimiser holds the state of its own shard: every rank writes its file into the folder.
+            if distributed.is_main():
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            distributed.barrier()
+            torch.save(self.optimizer.state_dict(), tmp / MEGATRON_OPTIMIZER_FILE.format(rank=distributed.rank()))
+            distributed.barrier()
         if not distributed.is_main():  # every rank holds the same weights and optimiser state: rank 0 writes them
             distributed.barrier()
             return final
-        tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not self.uses_megatron:
+            shutil.rmtree(tmp, ignore_errors=True)
         if self.uses_lora:
             save_adapter(self.policy, tmp / ADAPTER_DIR)
         else:
             save_policy(self.policy, self.tokenizer, tmp / "policy")
         state = {
             "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
+            # Megatron: per rank, in MEGATRON_OPTIMIZER_FILE; the policy folder holds the gathered weights.
+            "optimizer": None if self.uses_megatron else self.optimizer.state_dict(),
+            "megatron_layout": self._megatron_layout(),
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
             "rng": rng_per_rank[0],
             "rng_per_rank": rng_per_rank,
+            "best": self.best,
         }
+        self._save_extra(tmp)
         torch.save(state, tmp / STATE_FILE)
         save_config(self.config, tmp / "config.yaml")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
+        if self.best and self.best["step"] == self.step:
+            _write_json(final.parent / BEST_FILE, {**self.best, "path": final.name})
         keep = self.config.trainer.keep_checkpoints
         if keep:
-            for old in list_checkpoints(self.run_dir)[:-keep]:
+            best = self.best and final.with_name(f"step_{self.best['step']:06d}")
+            for old in [c for c in list_checkpoints(self.run_dir)[:-keep] if c != best]:
                 shutil.rmtree(old, ignore_errors=True)
         distributed.barrier()  # no rank goes on (or exits) before the checkpoint is complete
         return final
+
+    def _validated_new_best(self) -> bool:
+        if self.last_validation is None or self.last_validation[0] != self.step:
+            return False
+        return self.best is None or self.last_validation[1] > self.best["val/rewards"]
+
+    def _update_best(self) -> None:
+        """The checkpoint being saved becomes the best when it was validated at this step and beats the best."""
+        if self._validated_new_best():
+            self.best = {"step": self.step, "val/rewards": self.last_validation[1]}
+
+    def _save_extra(self, folder: Path) -> None:
+        """Hook for subclasses: write more into the checkpoint folder before it is complete (PPO: the critic)."""
 
     def load_checkpoint(self, path: Path) -> None:
         from transformers import AutoModelForCausalLM
@@ -436,7 +562,10 @@ class ReinforceTrainer:
             self.policy.load_state_dict(saved.state_dict())
             del saved
         state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.uses_megatron:
+            self._load_megatron_state(path, state.get("megatron_layout"))
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         per_rank = state.get("rng_per_rank", [])
@@ -447,8 +576,48 @@ class ReinforceTrainer:
             torch.cuda.set_rng_state_all(rng["cuda"])
         random.setstate(rng["python"])
         self.step = state["step"]
+        self.best = state.get("best")
         if distributed.is_main():
             print(f"resumed from {path} at step {self.step}", file=sys.stderr)
+
+    def _megatron_layout(self) -> dict[str, int] | None:
+        if not self.uses_megatron:
+            return None
+        model = self.config.model
+        return {
+            "tensor_model_parallel_size": model.tensor_model_parallel_size,
+            "pipeline_model_parallel_size": model.pipeline_model_parallel_size,
+            "world_size": distributed.world_size(),
+        }
+
+    def _load_megatron_state(self, path: Path, saved_layout: dict[str, int] | None) -> None:
+        """This rank's Megatron shard from the checkpoint's HF weights (the conversion is exact), and its own
+        optimiser state: resuming needs the same TP, PP and number of processes."""
+        from aligner import megatron_backend as mb
+
+        if saved_layout != self._megatron_layout():
+            raise ConfigError(
+                f"checkpoint {path} was written with the Megatron layout {saved_layout}; this run has "
+                f"{self._megatron_layout()}: resume with the same tensor/pipeline-parallel sizes and processes"
+            )
+        mb.load_hf_weights(self.megatron_model, self.policy.state_dict(), self.policy.config)
+        own = path / MEGATRON_OPTIMIZER_FILE.format(rank=distributed.rank())
+        self.optimizer.load_state_dict(torch.load(own, map_location=self.device, weights_only=False))
+
+
+def best_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint with the best validation reward (a new best is checkpointed when validated), if any."""
+    pointer = Path(run_dir) / CHECKPOINT_DIR / BEST_FILE
+    if not pointer.is_file():
+        return None
+    path = pointer.parent / json.loads(pointer.read_text())["path"]
+    return path if (path / STATE_FILE).is_file() else None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data) + "\n")
+    tmp.replace(path)
 
 
 def _rng_state() -> dict[str, Any]:

@@ -131,6 +131,17 @@ def test_config_loads_and_points_into_the_folder(built):
     assert "aligner serve-reward --model reward_model" in (built / "reinforce.yaml").read_text()
 
 
+def test_ppo_config_is_the_reinforce_run_with_a_critic(built):
+    ppo, reinforce = load_config(built / "ppo.yaml"), load_config(built / "reinforce.yaml")
+    assert ppo.algorithm == "ppo" and reinforce.algorithm == "reinforce"
+    assert Path(ppo.critic.model_path) == built.resolve() / "reward_model"
+    assert Path(ppo.run_dir) == built.resolve() / "runs" / "ppo"
+    assert ppo.critic.server_overrides and ppo.critic.server_url is None
+    for section in ("model", "data", "reward", "generation", "reinforce", "optim", "trainer"):
+        assert getattr(ppo, section) == getattr(reinforce, section), section
+    assert "aligner train --config DIR/ppo.yaml" in (built / "ppo.yaml").read_text()
+
+
 def test_reward_model_config_and_model(built):
     from transformers import AutoModelForSequenceClassification
 

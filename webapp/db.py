@@ -42,6 +42,9 @@ QUEUED, RUNNING, CANCELLING = "queued", "running", "cancelling"
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
 STATUSES = (QUEUED, RUNNING, CANCELLING, SUCCEEDED, FAILED, CANCELLED)
 FINAL_STATUSES = (SUCCEEDED, FAILED, CANCELLED)
+# A job's training algorithm (its config's `algorithm`, kept in `Job.kind`).
+REINFORCE, PPO = "reinforce", "ppo"
+ALGORITHMS = (REINFORCE, PPO)
 # Every allowed status change. A final job goes back to queued only through resume or retry.
 TRANSITIONS: dict[str, tuple[str, ...]] = {
     QUEUED: (RUNNING, CANCELLED, FAILED),
@@ -85,7 +88,7 @@ class Job(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(200))
-    kind: Mapped[str] = mapped_column(String(20), default="reinforce")
+    kind: Mapped[str] = mapped_column(String(20), default=REINFORCE)  # the algorithm: reinforce | ppo
     status: Mapped[str] = mapped_column(String(20), default=QUEUED, index=True)
     config: Mapped[dict[str, Any]] = mapped_column(JSON)  # the resolved training config
     run_dir: Mapped[str] = mapped_column(Text, default="")
@@ -102,6 +105,11 @@ class Job(Base):
     step: Mapped[int] = mapped_column(Integer, default=0)
     max_steps: Mapped[int] = mapped_column(Integer, default=0)
     latest_reward: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    @property
+    def algorithm(self) -> str:
+        """The config's `algorithm` (reinforce | ppo), kept in `kind`."""
+        return self.kind
 
 
 class Metric(Base):

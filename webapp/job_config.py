@@ -6,7 +6,10 @@
   (unknown fields, wrong types, out-of-range values), relative paths taken relative to the data folder;
 - `run_dir` is the server's (DATA_DIR/runs/job_<id>): a client's value is ignored;
 - numbers must be finite and within the service's limits (SERVICE_LIMITS; any integer within 64 bits);
-- the prompt files, policy, tokenizer and reward model folders must exist (unless CHECK_CONFIG_PATHS is off).
+- `algorithm` is reinforce or ppo; a PPO job needs a critic: `critic.server_url` or `critic.model_path` (the worker
+  then starts a critic server from it), an error under `config.critic` otherwise;
+- the prompt files, policy, tokenizer, reward model and critic model folders must exist (unless CHECK_CONFIG_PATHS is
+  off).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aligner.config import ConfigError, TrainConfig, config_from_dict
+from webapp.db import ALGORITHMS, PPO
 
 # Sizes a single job may ask for: larger values are almost surely typos, and max_steps lands in a 32-bit column.
 SERVICE_LIMITS: dict[str, int] = {
@@ -35,6 +39,11 @@ PATH_CHECKS = (
     ("data.train_file", "file"),
     ("data.val_file", "file"),
     ("reward.model_path", "dir"),
+    ("critic.model_path", "dir"),
+)
+NEEDS_CRITIC = (
+    "algorithm: ppo needs a critic: give critic.server_url (a running `aligner serve-critic`) or critic.model_path "
+    "(a reward-model folder; the worker starts a critic server from it)"
 )
 
 
@@ -85,7 +94,7 @@ def path_errors(config: TrainConfig, data_dir: Path) -> dict[str, list[str]]:
     errors: dict[str, list[str]] = {}
     for field, kind in PATH_CHECKS:
         section, name = field.split(".")
-        value = getattr(getattr(config, section), name)
+        value = getattr(getattr(config, section, None), name, None)  # a section may be absent (reward with PPO)
         if value is None:
             continue
         path = Path(value)
@@ -96,6 +105,17 @@ def path_errors(config: TrainConfig, data_dir: Path) -> dict[str, list[str]]:
     return errors
 
 
+def algorithm_errors(raw: dict[str, Any]) -> dict[str, list[str]]:
+    """The job type: `algorithm` is one of ALGORITHMS, and a PPO job names its critic (server or model)."""
+    algorithm = raw.get("algorithm", "reinforce")
+    if algorithm not in ALGORITHMS:
+        return {"config.algorithm": [f"must be one of {', '.join(ALGORITHMS)} (got {_short(repr(algorithm))})"]}
+    critic = raw.get("critic") or {}
+    if algorithm == PPO and isinstance(critic, dict) and not (critic.get("server_url") or critic.get("model_path")):
+        return {"config.critic": [NEEDS_CRITIC]}
+    return {}
+
+
 def validate_job_config(
     raw: dict[str, Any], data_dir: Path, run_dir: Path, check_paths: bool = True
 ) -> TrainConfig | dict[str, list[str]]:
@@ -104,7 +124,15 @@ def validate_job_config(
     try:
         config = config_from_dict(raw, data_dir)
     except ConfigError as err:
-        return config_errors(err)
+        errors, job_type = config_errors(err), algorithm_errors(raw)
+        if "config.critic" in job_type:  # said under config.critic rather than at the root too
+            errors["config"] = [reason for reason in errors.get("config", []) if "critic" not in reason]
+            if not errors["config"]:
+                del errors["config"]
+        return {**errors, **job_type}
+    errors = algorithm_errors(raw)
+    if errors:
+        return errors
     errors = limit_errors(config)
     if check_paths:
         for field, reasons in path_errors(config, data_dir.resolve()).items():

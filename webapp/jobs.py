@@ -81,7 +81,8 @@ def create_job(json_data):
     """Create a training job
 
     The config is validated like `aligner train --config` does (422 naming each bad field), run_dir is set to
-    DATA_DIR/runs/job_ID, and the job is queued for the workers.
+    DATA_DIR/runs/job_ID, and the job is queued for the workers. `config.algorithm` is `reinforce` (default) or
+    `ppo`; a PPO job without `critic.server_url` gets a critic server (from `critic.model_path`) from its worker.
     """
     data_dir = Path(current_app.config["DATA_DIR"])
     result = validate_job_config(
@@ -93,7 +94,7 @@ def create_job(json_data):
     job = Job(
         user_id=current_user().id,
         name=json_data["name"],
-        kind="reinforce",
+        kind=result.algorithm,
         status=QUEUED,
         config=config,
         num_processes=json_data["num_processes"],
@@ -118,6 +119,8 @@ def list_jobs(query_data):
     where = [Job.user_id == current_user().id]
     if "status" in query_data:
         where.append(Job.status == query_data["status"])
+    if "algorithm" in query_data:
+        where.append(Job.kind == query_data["algorithm"])
     page, per_page = query_data["page"], query_data["per_page"]
     total = db.session.scalar(select(func.count()).select_from(Job).where(*where))
     items = db.session.scalars(

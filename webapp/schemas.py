@@ -9,7 +9,7 @@ from apiflask.fields import Boolean, DateTime, Dict, File, Float, Integer, List,
 from apiflask.validators import Length, OneOf, Range
 from marshmallow import ValidationError
 
-from webapp.db import STATUSES
+from webapp.db import ALGORITHMS, STATUSES
 
 INT32_MAX = 2**31 - 1  # integer columns are 32-bit on PostgreSQL: larger ids and steps cannot exist
 MAX_PER_PAGE = 100
@@ -52,7 +52,10 @@ class JobIn(Schema):
         required=True,
         metadata={
             "description": "The training config, in the shape `aligner train --config` reads (aligner/config.py). "
-            "Relative paths are relative to the server's data folder; run_dir is set by the server.",
+            "Relative paths are relative to the server's data folder; run_dir is set by the server. "
+            "`algorithm` picks the trainer: `reinforce` (default) or `ppo`; a PPO job needs `critic.server_url` "
+            "(a running critic server) or `critic.model_path` (a reward-model folder: the worker starts a critic "
+            "server from it for the job, and stops it when the job ends).",
             "example": {
                 "model": {"policy_path": "models/tiny-sft"},
                 "data": {"train_file": "datasets/user_1/abc.jsonl", "val_file": "datasets/user_1/def.jsonl"},
@@ -72,7 +75,11 @@ class JobIn(Schema):
 class JobOut(Schema):
     id = Integer(required=True)
     name = String(required=True)
-    kind = String(required=True)
+    kind = String(required=True, metadata={"description": "Same as algorithm."})
+    algorithm = String(
+        required=True,
+        metadata={"enum": list(ALGORITHMS), "description": "The config's `algorithm`: reinforce or ppo."},
+    )
     status = String(required=True, metadata={"enum": list(STATUSES)})
     config = Dict(keys=String(), required=True, metadata={"description": "The resolved config (every default)."})
     run_dir = String(required=True)
@@ -92,6 +99,7 @@ class JobOut(Schema):
 
 class JobListQuery(PageQuery):
     status = String(validate=OneOf(STATUSES), metadata={"description": "Only jobs in this status."})
+    algorithm = String(validate=OneOf(ALGORITHMS), metadata={"description": "Only jobs of this algorithm."})
 
 
 class JobPage(PageOut):

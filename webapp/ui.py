@@ -6,14 +6,16 @@
 token lives in the browser session's state (a reload asks for it again) and goes with every request as
 `Authorization: Bearer TOKEN`. Tabs:
 
-- Jobs: your jobs (id, name, status, step / max_steps, latest reward, age), refreshed every few seconds; cancel,
-  resume or retry the selected job (click a row, or type its id).
-- New job: the main knobs of a REINFORCE config, an advanced YAML editor merged under them, presets (the demo tiny
-  model when DATA_DIR/demo_assets holds one); a 422 from the API is shown under the field it concerns.
-- Job page: live line charts of GET /jobs/{id}/metrics, status, the event log and the checkpoints.
+- Jobs: your jobs (id, name, algorithm, status, step / max_steps, latest reward, age), refreshed every few seconds;
+  cancel, resume or retry the selected job (click a row, or type its id).
+- New job: the main knobs of a config (the algorithm, REINFORCE or PPO, and PPO's critic model), an advanced YAML
+  editor merged under them, presets (the demo tiny model when DATA_DIR/demo_assets holds one); a 422 from the API is
+  shown under the field it concerns.
+- Job page: live line charts of GET /jobs/{id}/metrics (a PPO job's critic loss, value estimates, clip fraction and
+  entropy too), status, the event log (a PPO job's critic server starting and stopping) and the checkpoints.
 - Samples: the generations of a step (train / validation), filtered by step and reward range; one validation
   prompt followed across steps.
-- Compare: one metric of several jobs on one chart.
+- Compare: one metric of several jobs on one chart, whatever their algorithms (the same names mean the same).
 
 Everything shown is fetched from the API, so a reload loses nothing but the token. The pure helpers at the top
 (API JSON -> pandas DataFrames, 422 errors -> form fields, form -> config) are tested without a browser.
@@ -37,9 +39,11 @@ REFRESH_S = 2.0
 TIMEOUT_S = 10
 FINAL = ("succeeded", "failed", "cancelled")
 
-# Form field -> (dotted path in the job body, label, kind). Kinds: text, int, float.
+# Form field -> (dotted path in the job body, label, kind). Kinds: text, int, float, choice (one of CHOICES).
 FORM_FIELDS: dict[str, tuple[str, str, str]] = {
     "name": ("name", "Job name", "text"),
+    "algorithm": ("config.algorithm", "Algorithm", "choice"),
+    "critic_model_path": ("config.critic.model_path", "PPO: critic model (reward-model folder on the server)", "text"),
     "policy_path": ("config.model.policy_path", "Policy (Hugging Face folder on the server)", "text"),
     "train_file": ("config.data.train_file", "Train prompts (JSONL)", "text"),
     "val_file": ("config.data.val_file", "Validation prompts (JSONL)", "text"),
@@ -55,7 +59,10 @@ FORM_FIELDS: dict[str, tuple[str, str, str]] = {
     "val_check_interval": ("config.trainer.val_check_interval", "Validation interval (steps)", "int"),
     "save_interval": ("config.trainer.save_interval", "Checkpoint interval (steps)", "int"),
 }
+ALGORITHMS = ["reinforce", "ppo"]
+CHOICES: dict[str, list[str]] = {"algorithm": ALGORITHMS}
 DEFAULTS: dict[str, Any] = {  # aligner/config.py's defaults
+    "algorithm": "reinforce",
     "num_prompts_per_step": 8,
     "num_rollouts_per_prompt": 4,
     "kl_penalty": 0.01,
@@ -81,8 +88,15 @@ CHARTS: list[tuple[str, list[str], str]] = [
         "fraction",
     ),
 ]
+# A PPO job's charts, beside the ones above (aligner/ppo_trainer.py logs the shared metrics under the same names).
+PPO_CHARTS: list[tuple[str, list[str], str]] = [
+    ("Critic loss", ["train_optim/critic_loss"], "loss"),
+    ("Value estimates", ["train_rollouts/values"], "value"),
+    ("Clip fraction", ["train_optim/clip_fraction"], "fraction"),
+    ("Entropy", ["train_optim/entropy"], "nats per token"),
+]
 TIMERS_PREFIX = "timers/"
-TIMER_PHASES = ["generate", "logprobs", "init_logprobs", "reward", "train", "validate"]
+TIMER_PHASES = ["generate", "logprobs", "init_logprobs", "reward", "critic_infer", "train", "critic_train", "validate"]
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
@@ -101,8 +115,12 @@ COMPARE_METRICS = [
     "train_optim/grad_norm",
     "train_optim/lr",
     "val/rewards",
+    "train_rollouts/values",
+    "train_optim/critic_loss",
+    "train_optim/clip_fraction",
+    "train_optim/entropy",
 ]
-JOB_COLUMNS = ["id", "name", "status", "step", "latest reward", "age"]
+JOB_COLUMNS = ["id", "name", "algorithm", "status", "step", "latest reward", "age"]
 SAMPLE_COLUMNS = ["step", "split", "index", "prompt", "response", "reward", "kl", "advantage", "is_end"]
 EVENT_KINDS_SHOWN = ("status", "checkpoint", "log")  # metrics and samples events are what the charts show
 
@@ -192,7 +210,7 @@ def age(created_at: str | None, now: dt.datetime | None = None) -> str:
 
 
 def jobs_frame(page: dict, now: dt.datetime | None = None) -> pd.DataFrame:
-    """GET /jobs -> one row per job: id, name, status, step (as step/max_steps), latest reward, age."""
+    """GET /jobs -> one row per job: id, name, algorithm, status, step (as step/max_steps), latest reward, age."""
     rows = []
     for job in page.get("items", []):
         reward = job.get("latest_reward")
@@ -200,6 +218,7 @@ def jobs_frame(page: dict, now: dt.datetime | None = None) -> pd.DataFrame:
             [
                 job["id"],
                 job["name"],
+                job.get("algorithm") or job.get("kind") or "reinforce",
                 job["status"],
                 f"{job.get('step', 0)}/{job.get('max_steps', '?')}",
                 "" if reward is None else f"{reward:+.4f}",
@@ -232,6 +251,16 @@ def timers_frame(body: dict) -> pd.DataFrame:
     metrics = body.get("metrics", {})
     names = [name for name in metrics if name.startswith(TIMERS_PREFIX)]
     return metrics_frame(body, names, strip_prefix=TIMERS_PREFIX)
+
+
+def job_charts(job: dict, body: dict) -> list[tuple[str, pd.DataFrame, bool]]:
+    """(title, data, shown) of every chart of the job page, CHARTS then PPO_CHARTS: the PPO ones are shown for a PPO
+    job (or any job that logged their metrics)."""
+    metrics = body.get("metrics", {}) if isinstance(body, dict) else {}
+    ppo_metrics = {name for _title, names, _y in PPO_CHARTS for name in names}
+    is_ppo = job.get("algorithm") == "ppo" or bool(ppo_metrics & set(metrics))
+    charts = [(title, metrics_frame(body, names), True) for title, names, _y in CHARTS]
+    return charts + [(title, metrics_frame(body, names), is_ppo) for title, names, _y in PPO_CHARTS]
 
 
 def plot_value(frame: pd.DataFrame) -> pd.DataFrame | None:
@@ -280,8 +309,9 @@ def checkpoints_frame(body: dict) -> pd.DataFrame:
 
 def job_summary(job: dict, num_steps_logged: int = 0) -> str:
     reward = job.get("latest_reward")
+    algorithm = job.get("algorithm") or "reinforce"
     lines = [
-        f"### Job {job['id']}: {job['name']}",
+        f"### Job {job['id']}: {job['name']} ({'PPO' if algorithm == 'ppo' else 'REINFORCE'})",
         f"**status** `{job['status']}` · **step** {job['step']}/{job['max_steps']}"
         + ("" if reward is None else f" · **latest reward** {reward:+.4f}")
         + f" · **attempts** {job.get('attempts', 0)} · **metrics logged for** {num_steps_logged} steps",
@@ -336,7 +366,7 @@ def build_job(values: dict[str, Any], advanced_yaml: str = "") -> dict:
         elif kind == "float":
             value = float(value)
         else:
-            value = value.strip()
+            value = str(value).strip()
         _set(form, path, value)
     config = form.get("config", {})
     if "reward" in config:  # one source only: the form's replaces the YAML's
@@ -437,7 +467,7 @@ def build_app(api_url: str, data_dir: Path | None = None):
 
     with gr.Blocks(title="Aligner") as app:
         token_state = gr.State("")
-        gr.Markdown(f"# Aligner\nREINFORCE / RLOO training jobs at `{api_url}`")
+        gr.Markdown(f"# Aligner\nREINFORCE / RLOO and PPO training jobs at `{api_url}`")
         with gr.Row():
             token_box = gr.Textbox(
                 label="API token",
@@ -474,6 +504,7 @@ def build_app(api_url: str, data_dir: Path | None = None):
                 defaults = preset_map["defaults"]["form"]
                 groups = [
                     ["name", "policy_path"],
+                    ["algorithm", "critic_model_path"],
                     ["train_file", "val_file"],
                     ["reward_server_url", "reward_function"],
                     ["num_prompts_per_step", "num_rollouts_per_prompt", "kl_penalty", "lr"],
@@ -485,7 +516,11 @@ def build_app(api_url: str, data_dir: Path | None = None):
                         for key in group:
                             _path, label, kind = FORM_FIELDS[key]
                             with gr.Column():
-                                if kind == "text":
+                                if kind == "choice":
+                                    inputs[key] = gr.Dropdown(
+                                        CHOICES[key], label=label, value=defaults.get(key), elem_id=f"f-{key}"
+                                    )
+                                elif kind == "text":
                                     inputs[key] = gr.Textbox(
                                         label=label, value=defaults.get(key, ""), elem_id=f"f-{key}"
                                     )
@@ -511,7 +546,7 @@ def build_app(api_url: str, data_dir: Path | None = None):
                 summary = gr.Markdown("Select a job.", elem_id="job-summary")
                 plots = []
                 with gr.Row():
-                    for i, (title, names, y_title) in enumerate(CHARTS):
+                    for i, (title, names, y_title) in enumerate(CHARTS + PPO_CHARTS):
                         plots.append(
                             gr.LinePlot(
                                 empty,
@@ -524,6 +559,7 @@ def build_app(api_url: str, data_dir: Path | None = None):
                                 color_map=color_map(names),
                                 height=260,
                                 min_width=360,
+                                visible=i < len(CHARTS),  # PPO's charts appear for a PPO job
                             )
                         )
                     timers_plot = gr.LinePlot(
@@ -653,7 +689,7 @@ def build_app(api_url: str, data_dir: Path | None = None):
             except ApiError as err:
                 return [f"Job {jid}: {err.message}", *([gr.update()] * (len(plots) + 3))]
             steps = {s for name, points in body["metrics"].items() if name.startswith("train_") for s, _ in points}
-            frames = [plot_value(metrics_frame(body, names)) for _title, names, _y in CHARTS]
+            frames = [gr.update(value=plot_value(frame), visible=shown) for _t, frame, shown in job_charts(job, body)]
             return [
                 job_summary(job, len(steps)),
                 *frames,
@@ -710,7 +746,8 @@ def build_app(api_url: str, data_dir: Path | None = None):
             for jid in wanted:
                 try:
                     job = api.get(f"/jobs/{jid}")
-                    bodies[f"{jid}: {job['name']}"] = api.get(f"/jobs/{jid}/metrics", name=metric)
+                    label = f"{jid}: {job['name']} ({job.get('algorithm', 'reinforce')})"
+                    bodies[label] = api.get(f"/jobs/{jid}/metrics", name=metric)
                 except ApiError as err:
                     problems.append(f"job {jid}: {err.message}")
             return plot_value(compare_frame(bodies, metric)), "; ".join(problems)

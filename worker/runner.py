@@ -27,6 +27,16 @@ aligner/distributed.py): the ranks split each step's prompts, rank 0 alone write
 and resuming it is the same as for one process. A cancel's SIGTERM reaches torchrun, which passes it to the ranks
 (they agree on the step to stop at); torchrun itself SIGKILLs ranks still alive after its shutdown timeout
 (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s by default), and ranks die with torchrun (PR_SET_PDEATHSIG).
+
+A PPO job (`algorithm: ppo`) without `critic.server_url` gets a critic server from its worker, between steps 2 and 3:
+`aligner serve-critic` (aligner/processes.py `launch_critic_server`) from `critic.model_path` with
+`critic.server_overrides`, restoring the critic of the checkpoint the trainer resumes from
+(`checkpoints/step_N/critic`), output in RUN_DIR/critic_server.log. The lease is renewed while it starts; its URL is
+written into job.yaml's `critic.server_url`, and its process group id into RUN_DIR/critic.pid. It is stopped (SIGTERM
+to its group, SIGKILL after `critic_stop_grace`) when the trainer has ended, before the job's final status is written,
+and on every other way out of the run (worker error, SystemExit, lost lease). A server left by a SIGKILLed worker is
+killed by the next run of the job on this host, or by a recovery sweep on this host (from critic.pid). A server that
+does not start fails the job with an error naming its log.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -52,6 +63,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from aligner.processes import ServerStartError, die_with_parent, launch_critic_server, stop_server
 from webapp.db import (
     CANCELLED,
     CANCELLING,
@@ -83,6 +95,9 @@ log = logging.getLogger(__name__)
 JOB_CONFIG_FILE = "job.yaml"
 TRAIN_LOG_FILE = "train.log"
 PID_FILE = "trainer.pid"
+CRITIC_LOG_FILE = "critic_server.log"
+CRITIC_PID_FILE = "critic.pid"
+CRITIC_CHECKPOINT = "critic"  # checkpoints/step_N/critic: the critic saved with step N (aligner/ppo_trainer.py)
 FINAL_POLICY_DIR = "final_policy"  # aligner.trainer.FINAL_POLICY_DIR
 ERROR_TAIL_LINES = 30
 ERROR_TAIL_CHARS = 4000
@@ -105,6 +120,10 @@ class Settings:
     sweep_interval: float = 15.0  # s between two recovery sweeps in a worker
     max_attempts: int = 3  # a job whose worker is lost this many times fails
     python: str = field(default_factory=lambda: sys.executable)  # interpreter that runs the trainer
+    critic_start_timeout: float = 300.0  # s a PPO job's critic server gets to become ready
+    # s between SIGTERM and SIGKILL when the critic server is stopped. Short: the trainer has saved the critic with
+    # each checkpoint (critic_save) before it ends, and a PyTriton server takes 15-30 s to shut down cleanly.
+    critic_stop_grace: float = 5.0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -118,6 +137,8 @@ class Settings:
             sweep_interval=_env_float("ALIGNER_SWEEP_INTERVAL", 15.0),
             max_attempts=int(_env_float("ALIGNER_MAX_ATTEMPTS", 3)),
             python=os.environ.get("ALIGNER_TRAINER_PYTHON") or sys.executable,
+            critic_start_timeout=_env_float("ALIGNER_CRITIC_START_TIMEOUT", 300.0),
+            critic_stop_grace=_env_float("ALIGNER_CRITIC_STOP_GRACE", 5.0),
         )
 
 
@@ -153,17 +174,6 @@ def trainer_command(config_path: Path, resume: bool, num_processes: int = 1, pyt
     if num_processes > 1:
         return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(num_processes), *args]
     return [python, *args]
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the trainer gets SIGKILL when the worker process that started it dies (even by SIGKILL)."""
-    parent = os.getppid()
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the worker died before prctl took effect
-        os._exit(1)
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
@@ -210,6 +220,74 @@ def kill_leftover_trainer(run_dir: Path) -> None:
     log.warning("killing trainer process group %d left running in %s by a lost worker", pid, run_dir)
     kill_group(pid, signal.SIGKILL)
     _wait_group_gone(pid, 10.0)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live processes of this host in process group `pgid` (from /proc; zombies, dead already, are left out)."""
+    members = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state, ppid, pgrp, ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            members.append(int(proc.name))
+    return members
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def kill_leftover_critic(run_dir: Path) -> bool:
+    """Kill a critic server that a lost worker on this host left running for `run_dir` (from its critic.pid file).
+
+    Only a process group that still is that server is killed: its leader runs `serve-critic`, or (the leader gone)
+    a member runs Triton. True when one was killed.
+    """
+    path = Path(run_dir) / CRITIC_PID_FILE
+    try:
+        info = json.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return False
+    pgid = info.get("pgid")
+    if info.get("host") != socket.gethostname() or not isinstance(pgid, int) or pgid <= 1:
+        return False
+    killed = False
+    members = _group_members(pgid)
+    leader = _cmdline(pgid) if pgid in members else ""
+    if ("serve-critic" in leader) or (not leader and any("triton" in _cmdline(pid) for pid in members)):
+        log.warning("killing critic server process group %d left running for %s by a lost worker", pgid, run_dir)
+        kill_group(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + 10.0
+        while _group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        killed = True
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return killed
+
+
+def critic_checkpoint(run_dir: Path, step: int | None = None) -> Path | None:
+    """The critic saved with checkpoint `step` (default: the newest complete checkpoint holding one), or None.
+
+    Computed here as aligner.ppo_trainer.critic_checkpoint does, without importing torch into the worker.
+    """
+    steps = list_checkpoint_steps(run_dir)
+    if step is not None:
+        folders = [steps[step]] if step in steps else []
+    else:
+        folders = [steps[s] for s in sorted(steps, reverse=True)]
+    for folder in folders:
+        if (folder / CRITIC_CHECKPOINT).exists():
+            return folder / CRITIC_CHECKPOINT
+    return None
 
 
 # ------------------------------------------------------------------------------------------------- messages
@@ -284,11 +362,22 @@ def renew_lease(session: Session, job_id: int, owner: str) -> Job | None:
 
 # ------------------------------------------------------------------------------------------------- a run
 @dataclass
+class CriticPlan:
+    """The critic server a PPO job needs from its worker (no `critic.server_url` in its config)."""
+
+    model_path: str
+    overrides: list[str]
+    checkpoint: Path | None
+
+
+@dataclass
 class Launch:
     run_dir: Path
     config_path: Path
     command: list[str]
     resume_step: int | None
+    config: dict[str, Any] = field(default_factory=dict)  # what job.yaml holds
+    critic: CriticPlan | None = None
 
 
 class JobRun:
@@ -296,6 +385,8 @@ class JobRun:
         self.job_id, self.settings, self.factory = job_id, settings, factory
         self.owner = owner or lease_owner()
         self.proc: subprocess.Popen | None = None
+        self.critic_proc: subprocess.Popen | None = None
+        self.critic_url: str | None = None
 
     def result(self, outcome: str, **extra: Any) -> dict[str, Any]:
         return {"job_id": self.job_id, "outcome": outcome, "worker": self.owner, **extra}
@@ -345,17 +436,29 @@ class JobRun:
         config = config_from_dict(data, settings.data_dir)  # a ConfigError (ValueError) names the bad field
         run_dir.mkdir(parents=True, exist_ok=True)
         kill_leftover_trainer(run_dir)
+        kill_leftover_critic(run_dir)
         config_path = run_dir / JOB_CONFIG_FILE
-        config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        resolved = config.model_dump(mode="json")
+        config_path.write_text(yaml.safe_dump(resolved, sort_keys=False))
         checkpoints = list_checkpoint_steps(run_dir)
         resume_step = max(checkpoints) if checkpoints else None
+        critic = None
+        critic_section = resolved.get("critic") or {}
+        if resolved.get("algorithm", "reinforce") == "ppo" and not critic_section.get("server_url"):
+            if not critic_section.get("model_path"):
+                raise ValueError("critic.model_path: a PPO job without critic.server_url needs the critic's model")
+            critic = CriticPlan(
+                model_path=str(critic_section["model_path"]),
+                overrides=[str(item) for item in critic_section.get("server_overrides") or []],
+                checkpoint=critic_checkpoint(run_dir, resume_step) if resume_step is not None else None,
+            )
         # What the trainer will write again is dropped now: rows after the checkpoint, lines after it.
         prune_after(session, job.id, resume_step)
         for name in (METRICS_FILE, SAMPLES_FILE):
             truncate_jsonl_after(run_dir / name, resume_step)
         job.run_dir, job.max_steps = str(run_dir), config.trainer.max_steps
         command = trainer_command(config_path, resume_step is not None, job.num_processes, settings.python)
-        return Launch(run_dir, config_path, command, resume_step)
+        return Launch(run_dir, config_path, command, resume_step, resolved, critic)
 
     # ----------------------------------------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
@@ -366,6 +469,10 @@ class JobRun:
         log_path = launch.run_dir / TRAIN_LOG_FILE
         pid_path = launch.run_dir / PID_FILE
         try:
+            if launch.critic is not None:
+                stopped = self._start_critic(launch)
+                if stopped is not None:
+                    return stopped
             with log_path.open("ab") as out:
                 out.write(f"\n=== {utcnow().isoformat()} worker {self.owner}: {' '.join(launch.command)}\n".encode())
                 out.flush()
@@ -378,7 +485,7 @@ class JobRun:
                     stderr=subprocess.STDOUT,
                     env=env,
                     start_new_session=True,  # its own process group: signals reach the trainer and its children
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                 )
             pid_path.write_text(json.dumps({"host": socket.gethostname(), "pid": self.proc.pid, "worker": self.owner}))
             log.info("job %d: trainer pid %d: %s", self.job_id, self.proc.pid, " ".join(launch.command))
@@ -387,12 +494,123 @@ class JobRun:
             self._fail_best_effort(err)
             raise
         finally:
-            if self.proc is not None:
-                kill_group(self.proc.pid, signal.SIGKILL)  # no trainer (or child of it) outlives its run
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(timeout=10)
+            try:
+                if self.proc is not None:
+                    kill_group(self.proc.pid, signal.SIGKILL)  # no trainer (or child of it) outlives its run
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self.proc.wait(timeout=10)
+                with contextlib.suppress(OSError):
+                    pid_path.unlink()
+            finally:
+                self._stop_critic(launch.run_dir, record=False)  # no critic server outlives its run either
+
+    # ----------------------------------------------------------------------------------------------- critic
+    def _start_critic(self, launch: Launch) -> dict[str, Any] | None:
+        """Start the PPO job's critic server and write its URL into job.yaml; None when the trainer may start,
+        else the run's result (failed: the server did not start; cancelled meanwhile; lease lost).
+
+        The server starts in this (main) thread; a helper thread renews the lease meanwhile."""
+        plan = launch.critic
+        log_path = launch.run_dir / CRITIC_LOG_FILE
+        error = None
+        with self._heartbeats() as state:
+            try:
+                self.critic_proc, self.critic_url = launch_critic_server(
+                    plan.model_path,
+                    log_path,
+                    checkpoint=plan.checkpoint,
+                    overrides=plan.overrides,
+                    timeout_s=self.settings.critic_start_timeout,
+                )
+            except ServerStartError as err:
+                error = err
+        if self.critic_proc is not None:
+            info = {"host": socket.gethostname(), "pgid": self.critic_proc.pid, "url": self.critic_url}
+            (launch.run_dir / CRITIC_PID_FILE).write_text(json.dumps({**info, "worker": self.owner}))
+        if state["lost"]:
+            self._stop_critic(launch.run_dir, record=False)
+            return self._lost_lease()
+        with session_scope(self.factory) as session:
+            job = session.get(Job, self.job_id, populate_existing=True)
+            if job is None or job.worker != self.owner or job.status not in (RUNNING, CANCELLING):
+                session.rollback()
+                self._stop_critic(launch.run_dir, record=False)
+                return self._lost_lease()
+            if error is not None:
+                tail = read_tail(log_path, lines=15, chars=2000)
+                message = f"cannot start the critic server: {error}"
+                transition(session, job, FAILED, error=f"{message}\n\n--- last lines of {CRITIC_LOG_FILE} ---\n{tail}")
+                return self.result(FAILED, error=job.error)
+            where = f" from {plan.checkpoint}" if plan.checkpoint else ""
+            add_event(
+                session,
+                job.id,
+                "log",
+                {"message": f"critic server started at {self.critic_url}{where} (log: {log_path})"},
+            )
+            if job.cancel_requested or job.status == CANCELLING:
+                transition(session, job, CANCELLED, error=None)
+                add_event(session, job.id, "log", {"message": "cancelled before the trainer started"})
+                cancelled = self.result(CANCELLED)
+            else:
+                cancelled = None
+        if cancelled is not None:
+            self._stop_critic(launch.run_dir)
+            return cancelled
+        config = {**launch.config, "critic": {**(launch.config.get("critic") or {}), "server_url": self.critic_url}}
+        launch.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        log.info("job %d: critic server pid %d at %s", self.job_id, self.critic_proc.pid, self.critic_url)
+        return None
+
+    @contextlib.contextmanager
+    def _heartbeats(self):
+        """Renew the lease from a helper thread while the main thread waits on the critic server (start, stop);
+        yields {"lost": the lease was lost, "cancel": a cancel was requested}."""
+        state = {"lost": False, "cancel": False}
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(self.settings.poll_interval):
+                try:
+                    with session_scope(self.factory) as session:
+                        job = renew_lease(session, self.job_id, self.owner)
+                        if job is None:
+                            state["lost"] = True
+                            return
+                        state["cancel"] = job.cancel_requested or job.status == CANCELLING
+                except Exception as err:  # a database hiccup: the next beat tries again
+                    log.warning("job %d: heartbeat failed: %s", self.job_id, err)
+
+        thread = threading.Thread(target=beat, name=f"job-{self.job_id}-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield state
+        finally:
+            done.set()
+            thread.join()
+
+    def _stop_critic(self, run_dir: Path, record: bool = True) -> None:
+        """Stop the critic server this run started (its whole process group). `record`: the job is still this run's
+        (the trainer has ended normally): its lease is renewed meanwhile and the stop is said in the events; else
+        (an error, a lost lease, a released lease) nothing is written."""
+        proc, self.critic_proc = self.critic_proc, None
+        if proc is None:
+            return
+        try:
+            with self._heartbeats() if record else contextlib.nullcontext():
+                stop_server(proc, grace_s=self.settings.critic_stop_grace)
+                _wait_group_gone(proc.pid, 10.0)  # the leader is reaped; its group's other processes die with it
+        finally:
             with contextlib.suppress(OSError):
-                pid_path.unlink()
+                (run_dir / CRITIC_PID_FILE).unlink()
+        log.info("job %d: critic server at %s stopped (exit status %s)", self.job_id, self.critic_url, proc.returncode)
+        if record:
+            try:
+                with session_scope(self.factory) as session:
+                    message = f"critic server at {self.critic_url} stopped (exit status {proc.returncode})"
+                    add_event(session, self.job_id, "log", {"message": message})
+            except Exception as err:
+                log.warning("job %d: could not record the critic server's stop: %s", self.job_id, err)
 
     def _follow(self, launch: Launch, log_path: Path, log_start: int) -> dict[str, Any]:
         settings, proc = self.settings, self.proc
@@ -441,6 +659,7 @@ class JobRun:
                 )
                 killed = kill_group(proc.pid, signal.SIGKILL)
             time.sleep(settings.poll_interval)
+        self._stop_critic(launch.run_dir)  # the trainer has ended: its critic server goes before the final status
         return self._finish(launch, returncode, cancel_at is not None, killed, read_tail(log_path, log_start))
 
     def _finish(self, launch: Launch, returncode: int, cancelled: bool, killed: bool, tail: str) -> dict[str, Any]:
@@ -549,6 +768,8 @@ def requeue_stale_jobs(
             if claimed.rowcount != 1:
                 continue
             job = session.get(Job, job_id, populate_existing=True)
+            if job.run_dir:  # a PPO job's critic server that its lost worker on this host left running
+                kill_leftover_critic(Path(job.run_dir))
             lost = f"worker {job.worker} lost (no heartbeat for over {settings.lease_timeout:g} s)"
             if job.status == CANCELLING or job.cancel_requested:
                 transition(session, job, CANCELLED, worker=None)

@@ -15,18 +15,18 @@ NOW = dt.datetime(2026, 11, 22, 19, 0, 0, tzinfo=dt.UTC)
 def test_jobs_frame_has_one_row_per_job_with_progress_reward_and_age():
     page = {
         "items": [
-            {"id": 2, "name": "b", "status": "running", "step": 3, "max_steps": 10, "latest_reward": 0.5,
-             "created_at": "2026-11-22T18:55:00+00:00"},
+            {"id": 2, "name": "b", "algorithm": "ppo", "status": "running", "step": 3, "max_steps": 10,
+             "latest_reward": 0.5, "created_at": "2026-11-22T18:55:00+00:00"},
             {"id": 1, "name": "a", "status": "queued", "step": 0, "max_steps": 4, "latest_reward": None,
              "created_at": "2026-11-20T18:00:00+00:00"},
         ],
         "total": 2,
     }  # fmt: skip
     frame = ui.jobs_frame(page, NOW)
-    assert list(frame.columns) == ["id", "name", "status", "step", "latest reward", "age"]
+    assert list(frame.columns) == ["id", "name", "algorithm", "status", "step", "latest reward", "age"]
     assert frame.values.tolist() == [
-        [2, "b", "running", "3/10", "+0.5000", "5 min"],
-        [1, "a", "queued", "0/4", "", "2 d"],
+        [2, "b", "ppo", "running", "3/10", "+0.5000", "5 min"],
+        [1, "a", "reinforce", "queued", "0/4", "", "2 d"],  # a job without the field is REINFORCE
     ]
     assert ui.jobs_frame({"items": []}).empty
     assert ui.age("2026-11-22T18:59:58", NOW) == "2 s"  # naive times are UTC
@@ -63,6 +63,63 @@ def test_compare_frame_labels_each_job():
     frame = ui.compare_frame(bodies, "train_rollouts/rewards")
     assert frame["series"].tolist() == ["1: a", "2: b", "2: b"]
     assert ui.compare_frame({}, "x").empty
+
+
+PPO_BODY = {
+    "job_id": 3,
+    "metrics": {
+        "train_rollouts/rewards": [[1, 0.1], [2, 0.3]],
+        "train_rollouts/init_policy_kl": [[1, 0.0], [2, 0.01]],
+        "train_optim/loss": [[1, 0.5], [2, 0.4]],
+        "train_rollouts/values": [[1, -0.2], [2, 0.05]],
+        "train_optim/critic_loss": [[1, 0.9], [2, 0.6]],
+        "train_optim/clip_fraction": [[1, 0.0], [2, 0.125]],
+        "train_optim/entropy": [[1, 5.5], [2, 5.4]],
+        "timers/critic_infer": [[1, 0.02]],
+        "timers/critic_train": [[1, 0.08]],
+    },
+}
+
+
+def test_a_ppo_job_page_shows_the_critic_charts_beside_reward_kl_and_loss():
+    charts = {title: (frame, shown) for title, frame, shown in ui.job_charts({"algorithm": "ppo"}, PPO_BODY)}
+    assert list(charts) == [t for t, _n, _y in ui.CHARTS] + ["Critic loss", "Value estimates", "Clip fraction",
+                                                             "Entropy"]  # fmt: skip
+    assert all(shown for _frame, shown in charts.values())
+    for title, name, values in [
+        ("Critic loss", "train_optim/critic_loss", [0.9, 0.6]),
+        ("Value estimates", "train_rollouts/values", [-0.2, 0.05]),
+        ("Clip fraction", "train_optim/clip_fraction", [0.0, 0.125]),
+        ("Entropy", "train_optim/entropy", [5.5, 5.4]),
+        ("Reward", "train_rollouts/rewards", [0.1, 0.3]),
+        ("KL to the initial policy", "train_rollouts/init_policy_kl", [0.0, 0.01]),
+        ("Loss", "train_optim/loss", [0.5, 0.4]),
+    ]:
+        frame = charts[title][0]
+        assert frame["series"].unique().tolist() == [name] and frame["value"].tolist() == values, title
+    assert set(ui.timers_frame(PPO_BODY)["series"]) == {"critic_infer", "critic_train"} <= set(ui.TIMER_PHASES)
+
+    reinforce = ui.job_charts({"algorithm": "reinforce"}, {"metrics": {"train_rollouts/rewards": [[1, 0.1]]}})
+    assert [shown for _t, _f, shown in reinforce] == [True] * len(ui.CHARTS) + [False] * len(ui.PPO_CHARTS)
+    assert "(PPO)" in ui.job_summary({"id": 3, "name": "p", "status": "running", "step": 2, "max_steps": 9,
+                                      "algorithm": "ppo"})  # fmt: skip
+
+
+def test_compare_works_across_algorithms():
+    rloo = {"metrics": {"train_rollouts/rewards": [[1, 0.2]], "train_optim/loss": [[1, 0.3]]}}
+    for metric in ("train_rollouts/rewards", "train_optim/loss"):  # the same names in both trainers
+        frame = ui.compare_frame({"1: a (reinforce)": rloo, "3: p (ppo)": PPO_BODY}, metric)
+        assert frame["series"].tolist() == ["1: a (reinforce)", "3: p (ppo)", "3: p (ppo)"], metric
+    assert {"train_optim/critic_loss", "train_rollouts/values"} <= set(ui.COMPARE_METRICS)
+    only_ppo = ui.compare_frame({"1: a (reinforce)": rloo, "3: p (ppo)": PPO_BODY}, "train_optim/critic_loss")
+    assert only_ppo["series"].tolist() == ["3: p (ppo)", "3: p (ppo)"]
+
+
+def test_the_form_picks_the_algorithm_and_the_critic_model():
+    body = ui.build_job({"name": "p", "algorithm": "ppo", "critic_model_path": " models/rm "}, "ppo: {ratio_eps: 0.1}")
+    assert body["config"] == {"algorithm": "ppo", "critic": {"model_path": "models/rm"}, "ppo": {"ratio_eps": 0.1}}
+    by_field, _other = ui.field_errors({"config.critic": ["needs a critic"], "config.algorithm": ["bad"]})
+    assert by_field == {"critic_model_path": ["needs a critic"], "algorithm": ["bad"]}
 
 
 def test_samples_and_checkpoints_frames():
