@@ -121,15 +121,23 @@ def response_logprobs(
     Rows are [left-padded prompt | right-padded response]; only the response positions' logits are computed,
     which saves most of the vocabulary projection for long prompts.
     """
-    t = num_response_tokens
-    logits = model(
+    return token_logprobs(_response_logits(model, input_ids, attention_mask, num_response_tokens), input_ids)
+
+
+def _response_logits(model: nn.Module, input_ids, attention_mask, num_response_tokens: int) -> torch.Tensor:
+    """Float32 logits [B, T, V] predicting the last T tokens of each [prompt | response] row."""
+    return model(
         input_ids=input_ids[:, :-1],
         attention_mask=attention_mask[:, :-1],
         position_ids=position_ids_from_mask(attention_mask)[:, :-1],
         use_cache=False,
-        logits_to_keep=t,
+        logits_to_keep=num_response_tokens,
     ).logits.float()
-    targets = input_ids[:, -t:]
+
+
+def token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Log-probs [B, T] of the last T tokens of `ids` under logits [B, T, V]."""
+    targets = ids[:, -logits.shape[1] :]
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
 
 
@@ -178,12 +186,7 @@ def grouped_response_logprobs(model: nn.Module, batch: ResponseBatch) -> torch.T
     The result equals `response_logprobs` on the concatenated rows up to float rounding. Gradient checkpointing
     disables transformers' cache, so with it the rows are concatenated instead.
     """
-    t = batch.response_ids.shape[1]
-    if model.training and _activation_checkpointing(model):
-        input_ids, attention_mask = batch.sequences()
-        return response_logprobs(model, input_ids, attention_mask, t)
-    logits = grouped_response_logits(model, batch)
-    return logits.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+    return token_logprobs(grouped_response_logits(model, batch), batch.response_ids)
 
 
 def grouped_response_logits(model: nn.Module, batch: ResponseBatch) -> torch.Tensor:
@@ -194,13 +197,7 @@ def grouped_response_logits(model: nn.Module, batch: ResponseBatch) -> torch.Ten
     t = batch.response_ids.shape[1]
     if model.training and _activation_checkpointing(model):
         input_ids, attention_mask = batch.sequences()
-        return model(
-            input_ids=input_ids[:, :-1],
-            attention_mask=attention_mask[:, :-1],
-            position_ids=position_ids_from_mask(attention_mask)[:, :-1],
-            use_cache=False,
-            logits_to_keep=t,
-        ).logits.float()
+        return _response_logits(model, input_ids, attention_mask, t)
     cache = DynamicCache(config=model.config)
     prompt_out = model(
         input_ids=batch.prompt_ids,

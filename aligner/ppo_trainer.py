@@ -41,7 +41,7 @@ from aligner.config import ConfigError
 from aligner.critic_client import RemoteCriticClient
 from aligner.data import PromptDataset
 from aligner.generation import GenerationOutput
-from aligner.models import ResponseBatch, grouped_response_logits, grouped_response_logprobs
+from aligner.models import ResponseBatch, grouped_response_logits, token_logprobs
 from aligner.trainer import ReinforceTrainer, _sample_rows, list_checkpoints
 
 CRITIC_DIR = "critic"  # in a checkpoint folder: the critic server's critic_save file inside
@@ -196,14 +196,7 @@ class PPOTrainer(ReinforceTrainer):
             with self.timers.time("reward"):
                 prompts, reward_future = self._score(gen, data, prompt_indices)
         batch = gen.response_batch()
-        with self.timers.time("logprobs"):
-            if cfg.reinforce.use_generation_logprobs:
-                logprobs = gen.logprobs
-            else:
-                self.policy.eval()
-                logprobs = self._logprobs(lambda sub: grouped_response_logprobs(self.policy, sub), batch)
-        with self.timers.time("init_logprobs"):
-            ref_logprobs = self._logprobs(self.reference.logprobs, batch)
+        logprobs, ref_logprobs = self._policy_and_reference_logprobs(gen, batch)
         with self.timers.time("critic_infer"):
             all_values, _ = critic_future.result()
         with self.timers.time("reward"):
@@ -281,7 +274,7 @@ class PPOTrainer(ReinforceTrainer):
                 loss_sum = 0.0
                 for rows, sub in self._micro_batches(batch):
                     logits = grouped_response_logits(self.policy, sub)
-                    logprobs = logits.gather(-1, sub.response_ids.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+                    logprobs = token_logprobs(logits, sub.response_ids)
                     t = logprobs.shape[1]
                     sub_mask = mask[rows, :t]
                     # Entropy needs the whole distribution: computed with a gradient only when it is in the loss.

@@ -353,6 +353,18 @@ class ReinforceTrainer:
             out[rows, : sub.response_ids.shape[1]] = fn(sub)
         return out
 
+    def _policy_and_reference_logprobs(self, gen: GenerationOutput, batch: ResponseBatch):
+        """The policy's log-probs of the sampled tokens (from generation, or a forward pass) and the reference's."""
+        with self.timers.time("logprobs"):
+            if self.config.reinforce.use_generation_logprobs:
+                logprobs = gen.logprobs
+            else:
+                self.policy.eval()
+                logprobs = self._logprobs(lambda sub: grouped_response_logprobs(self.policy, sub), batch)
+        with self.timers.time("init_logprobs"):
+            ref_logprobs = self._logprobs(self.reference.logprobs, batch)
+        return logprobs, ref_logprobs
+
     def rollout(self, prompt_indices: list[int], data: PromptDataset) -> Rollout:
         """Samples for this rank's contiguous share of the step's global `prompt_indices`; metrics over all ranks.
 
@@ -369,14 +381,7 @@ class ReinforceTrainer:
         with self.timers.time("reward"):
             prompts, future = self._score(gen, data, prompt_indices)
         batch = gen.response_batch()
-        with self.timers.time("logprobs"):
-            if cfg.use_generation_logprobs:
-                logprobs = gen.logprobs
-            else:
-                self.policy.eval()
-                logprobs = self._logprobs(lambda sub: grouped_response_logprobs(self.policy, sub), batch)
-        with self.timers.time("init_logprobs"):
-            ref_logprobs = self._logprobs(self.reference.logprobs, batch)
+        logprobs, ref_logprobs = self._policy_and_reference_logprobs(gen, batch)
         with self.timers.time("reward"):
             rewards = future.result().to(logprobs.device)
 

@@ -64,6 +64,24 @@ def tiny_policy_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def reward_model_dir(tmp_path_factory, tiny_policy_dir) -> Path:
+    """A tiny Llama sequence classifier (one label) with the tiny policy's tokenizer: a reward model, or a critic's
+    start."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_policy_dir)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_labels=1, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    out = tmp_path_factory.mktemp("reward_model")
+    LlamaForSequenceClassification(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def demo_assets_dir(tmp_path_factory) -> Path:
     """The full demo folder of `aligner demo-assets` (about a minute to build): slow tests only."""
     from aligner.demo import build_demo_assets

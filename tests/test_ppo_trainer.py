@@ -123,23 +123,6 @@ def test_a_new_best_validation_is_checkpointed_between_save_intervals(run_config
 
 
 # ------------------------------------------------------------------------------------------------ live critic
-@pytest.fixture(scope="module")
-def reward_model_dir(tmp_path_factory, tiny_policy_dir):
-    """A tiny Llama sequence classifier (one label) with the tiny policy's tokenizer: the critic's start."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_policy_dir)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, num_labels=1, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
-    out = tmp_path_factory.mktemp("rm")
-    LlamaForSequenceClassification(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
 def ppo_train(config, resume=False, until_step=None) -> PPOTrainer:
     trainer = PPOTrainer(config)
     trainer.setup(resume=resume)

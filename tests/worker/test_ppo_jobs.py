@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from sqlalchemy import select
 
@@ -74,23 +73,6 @@ FAKE_TRAINER = textwrap.dedent(
     (run_dir / "final_policy").mkdir()
     """
 )
-
-
-@pytest.fixture(scope="module")
-def reward_model_dir(tmp_path_factory, tiny_policy_dir) -> Path:
-    """A tiny Llama sequence classifier (one label) with the tiny policy's tokenizer: the critic starts from it."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_policy_dir)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, num_labels=1, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
-    out = tmp_path_factory.mktemp("critic_rm")
-    LlamaForSequenceClassification(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 @pytest.fixture
