@@ -42,8 +42,7 @@ from pydantic import Field
 
 from aligner.algorithms.ppo import clipped_value_loss
 from aligner.config import Section
-from aligner.reward_client import BAD_REQUEST
-from aligner.reward_server import RewardScorer, RewardServerConfig, _decode, require_pytriton, run_triton
+from aligner.reward_server import BadRequest, RewardScorer, RewardServerConfig, _decode, require_pytriton, run_triton
 
 CHECKPOINT_FILE = "critic.pt"
 CHECKPOINT_FORMAT = "aligner-critic/1"
@@ -84,13 +83,6 @@ class CriticServerConfig(Section):
 
 
 SERVER_PATH_FIELDS = (("model_path",), ("checkpoint",))
-
-
-class BadRequest(ValueError):
-    """A request the critic cannot serve; the message says why."""
-
-    def __init__(self, reason: str):
-        super().__init__(BAD_REQUEST + reason)
 
 
 class TokenValueModel(torch.nn.Module):

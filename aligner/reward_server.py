@@ -37,11 +37,23 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from aligner.config import Section
+from aligner.reward_client import BAD_REQUEST
 
 WORKSPACE_PREFIX = "aligner-triton-"
 INPUT_FORMS = (
     "send `sentences`, or `prompts` and `responses` (with optional `metadata`), or `tokens` and `sequence_lengths`"
 )
+
+
+class BadRequest(ValueError):
+    """A request the server cannot serve; the message says why.
+
+    PyTriton answers every exception of a model's function with HTTP 500; the message's `BAD_REQUEST` prefix tells
+    the clients (`aligner.reward_client.request_json`) it is the caller's fault: shown as is, never retried.
+    """
+
+    def __init__(self, reason: str):
+        super().__init__(BAD_REQUEST + reason)
 
 
 class RewardServerConfig(Section):
@@ -113,15 +125,15 @@ class RewardScorer:
         import torch
 
         if tokens.ndim != 2 or lengths.reshape(-1).shape[0] != tokens.shape[0]:
-            raise ValueError(f"tokens must be [B, S] and sequence_lengths [B, 1]; got {tokens.shape}, {lengths.shape}")
+            raise BadRequest(f"tokens must be [B, S] and sequence_lengths [B, 1]; got {tokens.shape}, {lengths.shape}")
         lengths = lengths.reshape(-1)
         if (lengths < 0).any() or (lengths > tokens.shape[1]).any():
-            raise ValueError(f"sequence_lengths must lie in [0, {tokens.shape[1]}] (the tokens' width)")
+            raise BadRequest(f"sequence_lengths must lie in [0, {tokens.shape[1]}] (the tokens' width)")
         if self.model is not None and self.config.tokenizer_path is None:
             rewards = self.model.score_tokens(torch.from_numpy(tokens), torch.from_numpy(lengths))
             return self._standardise(rewards.numpy())
         if self.tokenizer is None:
-            raise ValueError("this server has no tokenizer for `tokens` inputs (start it with --tokenizer); send text")
+            raise BadRequest("this server has no tokenizer for `tokens` inputs (start it with --tokenizer); send text")
         texts = self.tokenizer.batch_decode([row[:n].tolist() for row, n in zip(tokens, lengths)])
         return self.score_text(texts, [""] * len(texts), [{}] * len(texts))
 
@@ -155,7 +167,7 @@ def _decode(name: str, values: np.ndarray) -> list[str]:
             try:
                 value = bytes(value).decode("utf-8")
             except UnicodeDecodeError as err:
-                raise ValueError(f"{name}[{i}] is not valid UTF-8 ({err.reason} at byte {err.start})") from None
+                raise BadRequest(f"{name}[{i}] is not valid UTF-8 ({err.reason} at byte {err.start})") from None
         out.append(str(value))
     return out
 
@@ -169,17 +181,17 @@ def _parse_request(request: dict[str, np.ndarray]):
     if names in ({"prompts", "responses"}, {"prompts", "responses", "metadata"}):
         prompts, responses = _decode("prompts", request["prompts"]), _decode("responses", request["responses"])
         if len(prompts) != len(responses):
-            raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses")
+            raise BadRequest(f"got {len(prompts)} prompts but {len(responses)} responses")
         metadata = [{}] * len(prompts)
         if "metadata" in request:
             try:
                 metadata = [json.loads(m) if m else {} for m in _decode("metadata", request["metadata"])]
             except json.JSONDecodeError as err:
-                raise ValueError(f"metadata must hold JSON objects: {err}") from None
+                raise BadRequest(f"metadata must hold JSON objects: {err}") from None
         return "text", (prompts, responses, metadata)
     if names == {"tokens", "sequence_lengths"}:
         return "tokens", (request["tokens"].astype(np.int64), request["sequence_lengths"].astype(np.int64))
-    raise ValueError(f"unexpected set of inputs {sorted(names)}: {INPUT_FORMS}")
+    raise BadRequest(f"unexpected set of inputs {sorted(names)}: {INPUT_FORMS}")
 
 
 # ------------------------------------------------------------------------------------------------- serving

@@ -94,6 +94,8 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(function_ser
     half_pair = {"inputs": [{"name": "prompts", "shape": [1, 1], "datatype": "BYTES", "data": ["a"]}]}
     response = requests.post(url, json=half_pair, timeout=10)
     assert response.status_code >= 400 and "responses" in response.json()["error"]
+    # PyTriton answers a model function's exception with 500: the marker tells clients not to retry it.
+    assert "bad request: " in response.json()["error"]
 
     wrong_shape = {"inputs": [{"name": "sentences", "shape": [1, 2], "datatype": "BYTES", "data": ["a", "b"]}]}
     assert requests.post(url, json=wrong_shape, timeout=10).status_code == 400
