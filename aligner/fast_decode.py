@@ -14,9 +14,15 @@ decode through transformers (`HFDecoder`). Both give the same logits up to float
 
 from __future__ import annotations
 
+import functools
+import sys
+import time
+
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from aligner.sampling import sample_next
 
 
 def supports_fast_decode(model: nn.Module) -> bool:
@@ -27,6 +33,8 @@ def supports_fast_decode(model: nn.Module) -> bool:
     """
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) != "llama" or getattr(config, "pretraining_tp", 1) > 1:
+        return False
+    if getattr(config, "hidden_act", "silu") not in ("silu", "swish"):  # the step hard-codes Llama's SiLU
         return False
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
@@ -57,50 +65,72 @@ class HFDecoder:
             use_cache=True,
         ).logits[:, -1]
 
+    def step_and_sample(self, tokens, uniform, ban_eos, sampling: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed `tokens`, then choose the next ones: `sample_next(logits, uniform, ban_eos, *sampling)`."""
+        return sample_next(self.step(tokens), uniform, ban_eos, *sampling)
+
+
+# With generation.compile the cache length is rounded up to this, so prompts of different lengths share one
+# compiled step (a new shape costs a compilation; a 64-position block costs little attention).
+COMPILED_CACHE_BLOCK = 64
+
 
 class LlamaDecoder:
     """Decode a Llama model one token at a time from a prefilled transformers cache.
 
-    The prefill's keys and values (already rotated) are copied once into tensors with room for `max_new_tokens`
-    more positions; padding positions of the left-padded prompts are masked by an additive bias.
+    The prefill's keys and values (already rotated) are copied once into zeroed tensors with room for
+    `max_new_tokens` more positions. Every step attends over the whole preallocated cache, the positions not yet
+    written and the left padding of the prompts masked by an additive bias: the step's shapes never change, so
+    with `compile=True` it is compiled once (torch.compile) together with the sampling of the next token. Eagerly
+    the wasted attention over empty positions costs about what slicing a growing cache would.
     """
 
-    def __init__(self, model: nn.Module, cache, prompt_mask: torch.Tensor, positions: torch.Tensor, max_new: int):
-        self.model = model
+    def __init__(
+        self,
+        model: nn.Module,
+        cache,
+        prompt_mask: torch.Tensor,
+        positions: torch.Tensor,
+        max_new: int,
+        compile: bool = False,
+    ):
         config = model.config
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        num_heads = config.num_attention_heads
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        self.shape = (num_heads, num_kv_heads, head_dim)
+        self.compile = compile
         batch, prompt_len = prompt_mask.shape
-        self.length = prompt_len
-        self.keys, self.values = [], []
+        size = prompt_len + max_new
+        if compile:
+            size = -(-size // COMPILED_CACHE_BLOCK) * COMPILED_CACHE_BLOCK
+        device = prompt_mask.device
+        keys, values = [], []
         for layer in cache.layers:
-            k = layer.keys.new_empty(batch, self.num_kv_heads, prompt_len + max_new, self.head_dim)
-            v = torch.empty_like(k)
+            k = layer.keys.new_zeros(batch, num_kv_heads, size, head_dim)  # zeros: empty slots meet 0 probability
+            v = torch.zeros_like(k)
             k[:, :, :prompt_len], v[:, :, :prompt_len] = layer.keys, layer.values
-            self.keys.append(k)
-            self.values.append(v)
-        dtype = self.keys[0].dtype
-        bias = torch.zeros(batch, prompt_len + max_new, dtype=dtype, device=prompt_mask.device)
+            keys.append(k)
+            values.append(v)
+        dtype = keys[0].dtype
+        bias = torch.zeros(batch, size, dtype=dtype, device=device)
         bias[:, :prompt_len].masked_fill_(~prompt_mask, torch.finfo(dtype).min)
-        # One row per (sample, key/value head): the layout of the batched matmuls below.
-        self.bias = (
-            bias[:, None, None, :].expand(-1, self.num_kv_heads, -1, -1).reshape(batch * self.num_kv_heads, 1, -1)
-        )
+        # One row per (sample, key/value head): the layout of the batched matmuls of the step.
+        self.bias = bias[:, None, None, :].expand(-1, num_kv_heads, -1, -1).reshape(batch * num_kv_heads, 1, -1)
+        self.key_positions = torch.arange(size, device=device)
+        self.prompt_len = torch.tensor(prompt_len, device=device)
         # RoPE of every position the decode will visit, computed once.
         steps = torch.arange(1, max_new + 1, device=positions.device)
-        future = positions[:, -1:] + steps[None, :]
-        self.cos, self.sin = model.model.rotary_emb(self.keys[0], future)
+        self.cos, self.sin = model.model.rotary_emb(keys[0], positions[:, -1:] + steps[None, :])
         self.t = 0
         # A decode step is hundreds of tiny ops, each costing microseconds of dispatch whatever its size, so the
         # weights are rearranged once per generation (about 1 ms for 2M parameters; they change every optimiser
         # step) to need fewer ops: q, k and v in one matmul and gate and up in another instead of five; each
         # RMSNorm's weight folded into the columns of the matmul that reads its output; the attention scaling folded
         # into the query rows (RoPE is linear, so scaling before or after it is the same).
-        scaling = self.head_dim**-0.5
-        # Per layer, every tensor and number the step reads, so the loop does no module attribute lookups.
+        scaling = head_dim**-0.5
         self.layers = []
-        for layer, keys, values in zip(model.model.layers, self.keys, self.values):
+        for layer, k, v in zip(model.model.layers, keys, values):
             attn, mlp = layer.self_attn, layer.mlp
             qkv_weight, qkv_bias = fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj, scales=[scaling, 1.0, 1.0])
             gate_up_weight, gate_up_bias = fuse_linears(mlp.gate_proj, mlp.up_proj)
@@ -109,52 +139,109 @@ class LlamaDecoder:
                     layer.input_layernorm.variance_epsilon,
                     qkv_weight * layer.input_layernorm.weight,
                     qkv_bias,
-                    keys,
-                    values,
-                    attn.o_proj,
+                    k,
+                    v,
+                    attn.o_proj.weight,
+                    attn.o_proj.bias,
                     layer.post_attention_layernorm.variance_epsilon,
                     gate_up_weight * layer.post_attention_layernorm.weight,
                     gate_up_bias,
-                    mlp.act_fn,
-                    mlp.down_proj,
+                    mlp.down_proj.weight,
+                    mlp.down_proj.bias,
                 )
             )
         head = model.lm_head
-        self.head = (head.weight * model.model.norm.weight, head.bias)
-        self.final_eps = model.model.norm.variance_epsilon
-        self.embed = model.model.embed_tokens
+        self.head = (head.weight * model.model.norm.weight, head.bias, model.model.norm.variance_epsilon)
+        self.embed = model.model.embed_tokens.weight
+
+    def _inputs(self, tokens: torch.Tensor) -> tuple:
+        step = torch.tensor(self.t, device=tokens.device)
+        self.t += 1
+        rope = (self.cos, self.sin)
+        return (tokens, step, self.embed, self.layers, self.head, self.bias, self.key_positions, self.prompt_len, rope)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [B, V] after feeding one token per row."""
-        batch, nh, nkv, d = tokens.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        x = self.embed(tokens)  # [B, H]
-        cos, sin = self.cos[:, self.t, None], self.sin[:, self.t, None]  # [B, 1, d]
-        pos, end = self.length, self.length + 1
-        bias = self.bias[:, :, :end]
-        for input_eps, qkv_w, qkv_b, keys, values, o_proj, post_eps, gate_up_w, gate_up_b, act, down in self.layers:
-            qkv = F.linear(rms_normalize(x, input_eps), qkv_w, qkv_b).view(batch, nh + 2 * nkv, d)
-            qk = apply_rope(qkv[:, : nh + nkv], cos, sin)  # queries and keys at once
-            keys[:, :, pos] = qk[:, nh:]
-            values[:, :, pos] = qkv[:, nh + nkv :]
-            # Query heads j*group .. (j+1)*group-1 share key/value head j, as transformers' repeat_kv lays them out.
-            q = qk[:, :nh].reshape(batch * nkv, nh // nkv, d)
-            scores = torch.baddbmm(bias, q, keys[:, :, :end].reshape(batch * nkv, end, d).transpose(1, 2))
-            probs = scores.softmax(-1) if q.dtype == torch.float32 else scores.softmax(-1, torch.float32).to(q.dtype)
-            out = torch.bmm(probs, values[:, :, :end].reshape(batch * nkv, end, d)).view(batch, nh * d)
-            x = _residual_linear(x, out, o_proj)
-            gate, up = F.linear(rms_normalize(x, post_eps), gate_up_w, gate_up_b).chunk(2, dim=-1)
-            x = _residual_linear(x, act(gate) * up, down)
-        self.length += 1
-        self.t += 1
-        return F.linear(rms_normalize(x, self.final_eps), *self.head)
+        return llama_decode_step(*self._inputs(tokens), self.shape)
+
+    @torch.no_grad()
+    def step_and_sample(self, tokens, uniform, ban_eos, sampling: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed `tokens`, then choose the next ones: `sample_next(logits, uniform, ban_eos, *sampling)`."""
+        if not self.compile:
+            return sample_next(self.step(tokens), uniform, ban_eos, *sampling)
+        inputs = self._inputs(tokens)
+        key = (tokens.shape[0], self.key_positions.shape[0], self.embed.dtype, self.embed.device, self.shape)
+        if key in _COMPILED_SHAPES:
+            return compiled_decode_and_sample()(inputs, self.shape, uniform, ban_eos, sampling)
+        print(
+            f"generation.compile: compiling the decode step for {tokens.shape[0]} rows x {key[1]} cache positions "
+            "(the first time for this shape; torch.compile caches it on disk)",
+            file=sys.stderr,
+        )
+        start = time.perf_counter()
+        try:
+            out = compiled_decode_and_sample()(inputs, self.shape, uniform, ban_eos, sampling)
+        except Exception as err:  # noqa: BLE001 - inductor raises many kinds; the message says what to do
+            first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise RuntimeError(
+                f"generation.compile: torch.compile of the decode step failed ({first_line}); it needs a working "
+                "C++ compiler on the CPU (or Triton on CUDA). Set generation.compile=false to decode without it."
+            ) from err
+        _COMPILED_SHAPES.add(key)
+        print(f"generation.compile: compiled in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        return out
 
 
-def _residual_linear(x: torch.Tensor, inputs: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+# Shapes this process has compiled the step for: the first call of a new one is announced and timed.
+_COMPILED_SHAPES: set[tuple] = set()
+
+
+def llama_decode_step(tokens, step, embed, layers, head, bias, key_positions, prompt_len, rope, shape):
+    """Logits [B, V] of a Llama after one more token per row, its keys and values written into the caches at
+    position `prompt_len + step` (both 0-dim tensors, so a compiled step serves every position)."""
+    batch, (nh, nkv, d) = tokens.shape[0], shape
+    x = embed[tokens]  # [B, H]
+    cos, sin = rope[0].index_select(1, step), rope[1].index_select(1, step)  # [B, 1, d]
+    position = prompt_len + step
+    size = key_positions.shape[0]
+    bias = bias.masked_fill(key_positions > position, torch.finfo(bias.dtype).min)
+    for input_eps, qkv_w, qkv_b, keys, values, o_w, o_b, post_eps, gate_up_w, gate_up_b, down_w, down_b in layers:
+        qkv = F.linear(rms_normalize(x, input_eps), qkv_w, qkv_b).view(batch, nh + 2 * nkv, d)
+        qk = apply_rope(qkv[:, : nh + nkv], cos, sin)  # queries and keys at once
+        keys.index_copy_(2, position.view(1), qk[:, nh:, None])
+        values.index_copy_(2, position.view(1), qkv[:, nh + nkv :, None])
+        # Query heads j*group .. (j+1)*group-1 share key/value head j, as transformers' repeat_kv lays them out.
+        q = qk[:, :nh].reshape(batch * nkv, nh // nkv, d)
+        scores = torch.baddbmm(bias, q, keys.view(batch * nkv, size, d).transpose(1, 2))
+        probs = scores.softmax(-1) if q.dtype == torch.float32 else scores.softmax(-1, torch.float32).to(q.dtype)
+        out = torch.bmm(probs, values.view(batch * nkv, size, d)).view(batch, nh * d)
+        x = _residual_linear(x, out, o_w, o_b)
+        gate, up = F.linear(rms_normalize(x, post_eps), gate_up_w, gate_up_b).chunk(2, dim=-1)
+        x = _residual_linear(x, F.silu(gate) * up, down_w, down_b)
+    head_w, head_b, final_eps = head
+    return F.linear(rms_normalize(x, final_eps), head_w, head_b)
+
+
+def _decode_and_sample(decode_inputs: tuple, shape, uniform, ban_eos, sampling: tuple):
+    return sample_next(llama_decode_step(*decode_inputs, shape), uniform, ban_eos, *sampling)
+
+
+@functools.cache
+def compiled_decode_and_sample():
+    """`llama_decode_step` plus `sample_next` as one torch.compile'd function (built once per process).
+
+    Weights and caches are inputs, not constants, so an optimiser step reuses the compiled code; a new batch size or
+    cache length compiles again once, after which dynamo treats that dimension as dynamic.
+    """
+    return torch.compile(_decode_and_sample, fullgraph=True)
+
+
+def _residual_linear(x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
     """x + linear(inputs), as one addmm when the layer has no bias (Llama's)."""
-    if linear.bias is None:
-        return torch.addmm(x, inputs, linear.weight.t())
-    return x + F.linear(inputs, linear.weight, linear.bias)
+    if bias is None:
+        return torch.addmm(x, inputs, weight.t())
+    return x + F.linear(inputs, weight, bias)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

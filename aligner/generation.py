@@ -21,6 +21,7 @@ from torch import nn
 from aligner.config import GenerationConfig
 from aligner.fast_decode import HFDecoder, LlamaDecoder, supports_fast_decode
 from aligner.models import ResponseBatch, position_ids_from_mask
+from aligner.sampling import filter_logits, sample_from_logits, sample_next  # noqa: F401 - re-exported
 
 
 @dataclass
@@ -61,34 +62,6 @@ class Generator(Protocol):
         ...
 
 
-def filter_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """Temperature, then top-k, then top-p (nucleus) filtering; removed tokens get -inf."""
-    if temperature != 1.0:
-        logits = logits / temperature
-    if 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        # Drop a token when the mass before it already reaches top_p; the most likely token always stays.
-        drop = (probs.cumsum(-1) - probs) >= top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
-    return logits
-
-
-def sample_from_logits(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token per row by inverse CDF on a uniform draw (much cheaper than torch.multinomial on the CPU).
-
-    The uniform draw is scaled to the unnormalised CDF, which spares the softmax's division.
-    """
-    weights = (logits.float() - logits.amax(-1, keepdim=True)).exp()
-    cdf = weights.cumsum(-1)
-    u = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u).squeeze(-1).clamp_(max=weights.shape[-1] - 1)
-
-
 def left_pad(sequences: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
@@ -103,8 +76,9 @@ def left_pad(sequences: list[list[int]], pad_id: int, device) -> tuple[torch.Ten
 class TorchGenerator:
     """Sampling with the training model itself: a transformers prefill, then one-token decode steps.
 
-    Llama-architecture models decode with `LlamaDecoder` (preallocated cache, about 2x faster on small models),
-    others with `HFDecoder`; `generation.fast_decode: false` forces the latter.
+    Llama-architecture models decode with `LlamaDecoder` (preallocated cache, about 2x faster on small models;
+    with `generation.compile` its step and the sampling are one compiled function), others with `HFDecoder`;
+    `generation.fast_decode: false` forces the latter.
     """
 
     def __init__(self, model: nn.Module, tokenizer, config: GenerationConfig, eos_ids: list[int]):
@@ -159,35 +133,36 @@ class TorchGenerator:
         batch = prompt_ids.shape[0]
         positions = position_ids_from_mask(prompt_mask)
         if cfg.fast_decode and supports_fast_decode(model):
-            decoder = LlamaDecoder(model, cache, prompt_mask, positions, cfg.max_new_tokens)
+            decoder = LlamaDecoder(model, cache, prompt_mask, positions, cfg.max_new_tokens, compile=cfg.compile)
         else:
             decoder = HFDecoder(model, cache, prompt_mask, positions)
         del cache
 
+        eos_mask = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device).index_fill_(0, eos_ids, True)
+        sampling = (eos_mask, cfg.temperature, cfg.top_k, cfg.top_p)
+        ban_eos, allow_eos = torch.tensor(True, device=device), torch.tensor(False, device=device)
         tokens, logprobs = [], []
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         ended = torch.zeros(batch, dtype=torch.bool, device=device)
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
         for t in range(cfg.max_new_tokens):
-            # Log-probs of the policy's own distribution: what training and the KL see, whatever the sampling knobs.
-            policy_logprobs = logits.float().log_softmax(-1)
-            sampling = policy_logprobs
-            if t < cfg.min_new_tokens:
-                sampling = sampling.index_fill(-1, eos_ids, float("-inf"))
-            next_tokens = sample_from_logits(filter_logits(sampling, cfg.temperature, cfg.top_k, cfg.top_p), generator)
-            token_logprobs = policy_logprobs.gather(-1, next_tokens[:, None]).squeeze(-1)
+            uniform = torch.rand(batch, 1, generator=generator, device=device)
+            ban = ban_eos if t < cfg.min_new_tokens else allow_eos
+            if t == 0:
+                next_tokens, token_logprobs = sample_next(logits, uniform, ban, *sampling)
+            else:
+                next_tokens, token_logprobs = decoder.step_and_sample(tokens[-1], uniform, ban, sampling)
             next_tokens = next_tokens.masked_fill(finished, self.pad_id)
             tokens.append(next_tokens)
             logprobs.append(token_logprobs.masked_fill(finished, 0.0))
             lengths += ~finished
-            now_ended = ~finished & torch.isin(next_tokens, eos_ids)
+            now_ended = ~finished & eos_mask[next_tokens]
             if cfg.end_strings and t + 1 >= cfg.min_new_tokens:
                 now_ended |= ~finished & self._hits_end_string(tokens, lengths)
             ended |= now_ended
             finished |= now_ended
-            if finished.all() or t + 1 == cfg.max_new_tokens:
+            if finished.all():
                 break
-            logits = decoder.step(next_tokens)
         model.train(was_training)
 
         response_ids = torch.stack(tokens, dim=1)

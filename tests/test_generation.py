@@ -126,21 +126,22 @@ def test_filter_logits_by_hand():
 def test_inverse_cdf_sampling_follows_the_distribution():
     probs = torch.tensor([0.1, 0.6, 0.0, 0.3])
     logits = probs.log().expand(20000, 4)
-    draws = sample_from_logits(logits, torch.Generator().manual_seed(0))
+    draws = sample_from_logits(logits, torch.rand(20000, 1, generator=torch.Generator().manual_seed(0)))
     freq = torch.bincount(draws, minlength=4).float() / 20000
     assert freq[2] == 0
     torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
 
 
-def test_fast_llama_decode_matches_transformers_decode(policy):
-    """Aligner's own decode step gives the samples and log-probs of transformers' forward (this policy has GQA)."""
+@pytest.fixture(scope="module")
+def eos_biased(policy):
+    """A copy of the policy whose output layer has a bias making EOS likely, so that some responses end: a plain
+    Linear the fast step reads (unlike the eos_boost hook, which sends decoding through transformers)."""
     import copy
 
     from aligner.fast_decode import supports_fast_decode
 
     model, tokenizer = policy
     model = copy.deepcopy(model)
-    # An output bias that makes EOS likely, so that some responses end: a plain Linear the fast step reads.
     head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size)
     with torch.no_grad():
         head.weight.copy_(model.lm_head.weight)
@@ -148,13 +149,39 @@ def test_fast_llama_decode_matches_transformers_decode(policy):
         head.bias[tokenizer.eos_token_id] = 4.0
     model.lm_head = head
     assert supports_fast_decode(model) and model.config.num_key_value_heads < model.config.num_attention_heads
-    fast, _ = make((model, tokenizer), max_new_tokens=16, fast_decode=True)
-    slow, _ = make((model, tokenizer), max_new_tokens=16, fast_decode=False)
-    a = fast.generate(prompts(tokenizer), num_samples=3, seed=5)
-    b = slow.generate(prompts(tokenizer), num_samples=3, seed=5)
+    return model, tokenizer
+
+
+def test_fast_llama_decode_matches_transformers_decode(eos_biased):
+    """Aligner's own decode step gives the samples and log-probs of transformers' forward (this policy has GQA)."""
+    fast, _ = make(eos_biased, max_new_tokens=16, fast_decode=True)
+    slow, _ = make(eos_biased, max_new_tokens=16, fast_decode=False)
+    a = fast.generate(prompts(eos_biased[1]), num_samples=3, seed=5)
+    b = slow.generate(prompts(eos_biased[1]), num_samples=3, seed=5)
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.is_end, b.is_end)
     assert a.is_end.any() and not a.is_end.all()
     assert torch.allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_compiled_decode_samples_what_the_eager_decode_samples(eos_biased, capfd):
+    """generation.compile: the compiled step (decode and sampling in one function) draws the eager step's tokens with
+    the same log-probs; with min_new_tokens banning EOS at first, top-k and top-p on, and later calls (new weights,
+    prompts of another length within the cache block) reusing the compiled code."""
+    model, tokenizer = eos_biased
+    knobs = dict(max_new_tokens=12, min_new_tokens=3, top_k=50, top_p=0.95)
+    eager, _ = make(eos_biased, **knobs)
+    compiled, _ = make(eos_biased, compile=True, **knobs)
+    batches = [prompts(tokenizer), [tokenizer("the bird sings to the old river")["input_ids"], [5, 6]]]
+    for i, batch in enumerate(batches):
+        a = eager.generate(batch, num_samples=3, seed=i)
+        b = compiled.generate(batch, num_samples=3, seed=i)
+        assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.is_end, b.is_end)
+        assert torch.allclose(a.logprobs, b.logprobs, atol=1e-5)
+        assert a.is_end.any() and (a.response_lengths >= 3).all()
+        with torch.no_grad():  # an optimiser step changes the weights, not the compiled code
+            model.lm_head.weight.mul_(1.01)
+    assert capfd.readouterr().err.count("compiling the decode step") == 1
 
 
 def test_hooked_or_wrapped_projections_take_the_transformers_path(policy, eos_boost):
