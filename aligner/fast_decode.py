@@ -234,7 +234,9 @@ def compiled_decode_and_sample():
     Weights and caches are inputs, not constants, so an optimiser step reuses the compiled code; a new batch size or
     cache length compiles again once, after which dynamo treats that dimension as dynamic.
     """
-    return torch.compile(_decode_and_sample, fullgraph=True)
+    # cpp_wrapper: the compiled code calls its kernels from C++ rather than from a Python wrapper, which at ~40
+    # small kernels a token saved about a tenth of the generation time more (measured alternately in one process).
+    return torch.compile(_decode_and_sample, fullgraph=True, options={"cpp_wrapper": True})
 
 
 def _residual_linear(x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:

@@ -42,18 +42,10 @@ from aligner.critic_client import RemoteCriticClient
 from aligner.data import PromptDataset
 from aligner.generation import GenerationOutput
 from aligner.models import ResponseBatch, grouped_response_logits, token_logprobs
-from aligner.trainer import ReinforceTrainer, _sample_rows, list_checkpoints
+from aligner.run_layout import CRITIC_DIR, checkpoint_steps, critic_checkpoint  # noqa: F401 - re-exported
+from aligner.trainer import ReinforceTrainer, _sample_rows
 
-CRITIC_DIR = "critic"  # in a checkpoint folder: the critic server's critic_save file inside
 CRITIC_LOG = "critic_server.log"  # in the run folder, when the critic server is started here
-
-
-def critic_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest checkpoint's critic (a folder holding critic.pt): what a critic server restarts from."""
-    checkpoints = list_checkpoints(Path(run_dir))
-    if not checkpoints or not (checkpoints[-1] / CRITIC_DIR).is_dir():
-        return None
-    return checkpoints[-1] / CRITIC_DIR
 
 
 @dataclass
@@ -111,8 +103,9 @@ class PPOTrainer(ReinforceTrainer):
             )
         if cfg.model.backend != "hf":
             raise ConfigError("algorithm: ppo trains with model.backend: hf only")
-        checkpoint = critic_checkpoint(self.run_dir) if resume else None
-        if resume and list_checkpoints(self.run_dir) and checkpoint is None:
+        steps = checkpoint_steps(self.run_dir) if resume else {}
+        checkpoint = critic_checkpoint(self.run_dir, max(steps)) if steps else None
+        if steps and checkpoint is None:
             raise ConfigError(f"the newest checkpoint in {self.run_dir} has no {CRITIC_DIR}/: not a PPO checkpoint")
         launching = None
         if not cfg.critic.server_url:

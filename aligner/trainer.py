@@ -63,12 +63,10 @@ from aligner.models import (
     save_policy,
 )
 from aligner.rewards import build_reward_client
+from aligner.run_layout import BEST_FILE, CHECKPOINT_DIR, STATE_FILE, list_checkpoints  # noqa: F401 - re-exported
 
-CHECKPOINT_DIR = "checkpoints"
 FINAL_POLICY_DIR = "final_policy"
 ADAPTER_DIR = "adapter"  # in a checkpoint, instead of "policy", with model.lora
-STATE_FILE = "trainer_state.pt"
-BEST_FILE = "best.json"  # in checkpoints/: {"step", "val/rewards", "path"} of the best checkpoint
 MEGATRON_OPTIMIZER_FILE = "megatron_optimizer_rank{rank:05d}.pt"  # model.backend=megatron: one per rank
 VALIDATION_SEED_OFFSET = 7_919  # validation samples with its own fixed noise, the same at every validation
 RANK_SEED_STRIDE = 1 << 32  # rank r samples with seed + r * stride: its own noise, never another step's
@@ -87,13 +85,6 @@ class Rollout:
     advantages: torch.Tensor  # [B]
     metrics: dict[str, float] = field(default_factory=dict)
     samples: list[dict[str, Any]] = field(default_factory=list)
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (an unfinished one is a `.tmp` folder and never listed)."""
-    folder = run_dir / CHECKPOINT_DIR
-    found = [p for p in folder.glob("step_*") if p.is_dir() and (p / STATE_FILE).is_file()] if folder.is_dir() else []
-    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
 
 def lr_multiplier(step: int, warmup_steps: int, max_steps: int, min_ratio: float) -> float:

@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
+from aligner.run_layout import checkpoint_steps
 from webapp.db import Checkpoint, Job, Metric, Sample, add_event
 
 log = logging.getLogger(__name__)
@@ -34,23 +35,8 @@ log = logging.getLogger(__name__)
 # that the worker does not import torch.
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
-CHECKPOINT_DIR = "checkpoints"
-STATE_FILE = "trainer_state.pt"
 REWARD_METRIC = "train_rollouts/rewards"
 EXAMPLE_CHARS = 500  # prompt and response of the example in a `samples` event are cut to this length
-
-
-def list_checkpoint_steps(run_dir: Path) -> dict[int, Path]:
-    """Complete checkpoints {step: folder}: `step_N` folders holding the trainer state (never a `.tmp` one)."""
-    folder = Path(run_dir) / CHECKPOINT_DIR
-    found: dict[int, Path] = {}
-    if not folder.is_dir():
-        return found
-    for path in folder.glob("step_*"):
-        suffix = path.name.removeprefix("step_")
-        if suffix.isdigit() and (path / STATE_FILE).is_file():
-            found[int(suffix)] = path
-    return dict(sorted(found.items()))
 
 
 def truncate_jsonl_after(path: Path, step: int | None) -> None:
@@ -301,7 +287,7 @@ class RunIngestor:
 
     # --------------------------------------------------------------------------------------------- checkpoints
     def _register_checkpoints(self, session: Session) -> list[int]:
-        found = list_checkpoint_steps(self.run_dir)
+        found = checkpoint_steps(self.run_dir)
         new = [step for step in found if step not in self.known_checkpoints]
         for step in new:
             session.add(Checkpoint(job_id=self.job_id, step=step, path=str(found[step].resolve())))

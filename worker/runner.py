@@ -64,6 +64,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from aligner.processes import ServerStartError, die_with_parent, launch_critic_server, stop_server
+from aligner.run_layout import checkpoint_steps, critic_checkpoint
 from webapp.db import (
     CANCELLED,
     CANCELLING,
@@ -85,7 +86,6 @@ from worker.ingest import (
     METRICS_FILE,
     SAMPLES_FILE,
     RunIngestor,
-    list_checkpoint_steps,
     prune_after,
     truncate_jsonl_after,
 )
@@ -97,7 +97,6 @@ TRAIN_LOG_FILE = "train.log"
 PID_FILE = "trainer.pid"
 CRITIC_LOG_FILE = "critic_server.log"
 CRITIC_PID_FILE = "critic.pid"
-CRITIC_CHECKPOINT = "critic"  # checkpoints/step_N/critic: the critic saved with step N (aligner/ppo_trainer.py)
 FINAL_POLICY_DIR = "final_policy"  # aligner.trainer.FINAL_POLICY_DIR
 ERROR_TAIL_LINES = 30
 ERROR_TAIL_CHARS = 4000
@@ -274,22 +273,6 @@ def kill_leftover_critic(run_dir: Path) -> bool:
     return killed
 
 
-def critic_checkpoint(run_dir: Path, step: int | None = None) -> Path | None:
-    """The critic saved with checkpoint `step` (default: the newest complete checkpoint holding one), or None.
-
-    Computed here as aligner.ppo_trainer.critic_checkpoint does, without importing torch into the worker.
-    """
-    steps = list_checkpoint_steps(run_dir)
-    if step is not None:
-        folders = [steps[step]] if step in steps else []
-    else:
-        folders = [steps[s] for s in sorted(steps, reverse=True)]
-    for folder in folders:
-        if (folder / CRITIC_CHECKPOINT).exists():
-            return folder / CRITIC_CHECKPOINT
-    return None
-
-
 # ------------------------------------------------------------------------------------------------- messages
 def read_tail(path: Path, start: int = 0, lines: int = ERROR_TAIL_LINES, chars: int = ERROR_TAIL_CHARS) -> str:
     """The last `lines` lines (at most `chars` characters) of a file from byte offset `start`."""
@@ -440,7 +423,7 @@ class JobRun:
         config_path = run_dir / JOB_CONFIG_FILE
         resolved = config.model_dump(mode="json")
         config_path.write_text(yaml.safe_dump(resolved, sort_keys=False))
-        checkpoints = list_checkpoint_steps(run_dir)
+        checkpoints = checkpoint_steps(run_dir)
         resume_step = max(checkpoints) if checkpoints else None
         critic = None
         critic_section = resolved.get("critic") or {}
@@ -672,7 +655,7 @@ class JobRun:
             if completed:
                 transition(session, job, SUCCEEDED, error=None)
             elif cancelled:
-                checkpoints = list_checkpoint_steps(launch.run_dir)
+                checkpoints = checkpoint_steps(launch.run_dir)
                 note = (
                     f"stopped at step {max(checkpoints)} (checkpoint)"
                     if checkpoints

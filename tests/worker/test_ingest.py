@@ -7,10 +7,11 @@ import math
 
 from sqlalchemy import func, select
 
+from aligner.run_layout import checkpoint_steps
 from tests.worker.conftest import create_job
 from webapp.db import Checkpoint, Event, Job, Metric, Sample, session_scope
 from worker import ingest
-from worker.ingest import JsonlTail, RunIngestor, list_checkpoint_steps, prune_after, truncate_jsonl_after
+from worker.ingest import JsonlTail, RunIngestor, prune_after, truncate_jsonl_after
 
 
 def metric_line(step, reward):
@@ -54,7 +55,6 @@ def test_names_match_the_trainer():
     from aligner import metrics, trainer
 
     assert (ingest.METRICS_FILE, ingest.SAMPLES_FILE) == (metrics.METRICS_FILE, metrics.SAMPLES_FILE)
-    assert (ingest.CHECKPOINT_DIR, ingest.STATE_FILE) == (trainer.CHECKPOINT_DIR, trainer.STATE_FILE)
     from worker import runner
 
     assert runner.FINAL_POLICY_DIR == trainer.FINAL_POLICY_DIR
@@ -119,7 +119,7 @@ def test_metrics_samples_checkpoints_and_events(factory, tmp_path):
     (tmp / "trainer_state.pt").write_bytes(b"x")
     assert poll(factory, ingestor)["checkpoints"] == []
     tmp.rename(tmp.with_name("step_000002"))
-    assert list(list_checkpoint_steps(tmp_path)) == [2]
+    assert list(checkpoint_steps(tmp_path)) == [2]
     assert poll(factory, ingestor)["checkpoints"] == [2]
     assert poll(factory, ingestor)["checkpoints"] == []
     assert rows(factory, Checkpoint.step) == [(2,)]
