@@ -213,9 +213,18 @@ def llama_decode_step(tokens, step, embed, layers, head, bias, key_positions, pr
         values.index_copy_(2, position.view(1), qkv[:, nh + nkv :, None])
         # Query heads j*group .. (j+1)*group-1 share key/value head j, as transformers' repeat_kv lays them out.
         q = qk[:, :nh].reshape(batch * nkv, nh // nkv, d)
-        scores = torch.baddbmm(bias, q, keys.view(batch * nkv, size, d).transpose(1, 2))
+        k, v = keys.view(batch * nkv, size, d), values.view(batch * nkv, size, d)
+        if torch.compiler.is_compiling():
+            # Compiled, broadcast products and sums become one fused loop each, where the batched matmuls of a
+            # single query against a short cache are hundreds of tiny GEMM calls.
+            scores = (q[:, :, None, :] * k[:, None, :, :]).sum(-1) + bias
+        else:
+            scores = torch.baddbmm(bias, q, k.transpose(1, 2))
         probs = scores.softmax(-1) if q.dtype == torch.float32 else scores.softmax(-1, torch.float32).to(q.dtype)
-        out = torch.bmm(probs, values.view(batch * nkv, size, d)).view(batch, nh * d)
+        if torch.compiler.is_compiling():
+            out = (probs[:, :, :, None] * v[:, None, :, :]).sum(-2).view(batch, nh * d)
+        else:
+            out = torch.bmm(probs, v).view(batch, nh * d)
         x = _residual_linear(x, out, o_w, o_b)
         gate, up = F.linear(rms_normalize(x, post_eps), gate_up_w, gate_up_b).chunk(2, dim=-1)
         x = _residual_linear(x, F.silu(gate) * up, down_w, down_b)
