@@ -1,15 +1,19 @@
-"""One-token decode steps for Llama-architecture models with a preallocated KV cache.
+"""One-token decode steps for Llama-architecture models with a preallocated KV cache, eager or compiled.
 
 transformers' forward spends most of a one-token step on bookkeeping (mask building, cache objects, attention
 dispatch), not on arithmetic: for a 2M-parameter policy on the CPU, decoding through it took about 3 ms a token
-where the matmuls need well under 1 ms. `LlamaDecoder` runs the same layers of the same module (its Linear and
-RMSNorm submodules, its rotary embedding, so every weight and RoPE variant is the model's own) with a cache
-written in place and plain batched-matmul attention, which at these sizes is also faster on the CPU than the fused
-`scaled_dot_product_attention` kernel for a single query.
+where the matmuls need well under 1 ms. `LlamaDecoder` runs the model's own weights and rotary embedding (so every
+RoPE variant is the model's) with a cache written in place and plain batched-matmul attention, which at these sizes
+is also faster on the CPU than the fused `scaled_dot_product_attention` kernel for a single query.
+
+Its step (`llama_decode_step`) has static shapes: it attends over the whole preallocated cache with the unwritten
+positions masked, and takes the position as a tensor. So `generation.compile` can compile it once, together with
+the choice of the next token (`aligner.sampling.sample_next`), and reuse that code for every token and, since the
+weights are inputs, after every optimiser step.
 
 Only `model_type == "llama"` takes this path (SmolLM2, TinyLlama, Llama 2/3 and the demo policy); other models
 decode through transformers (`HFDecoder`). Both give the same logits up to float rounding
-(tests/test_generation.py checks it).
+(tests/test_generation.py checks it, and that the compiled step samples the eager step's tokens).
 """
 
 from __future__ import annotations
