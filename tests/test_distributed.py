@@ -96,7 +96,11 @@ def _config(tmp_path: Path, policy: Path, run: str, **sections) -> dict:
         "generation": {"max_new_tokens": 8, "end_strings": ["e", "a"]},
         # 5 prompts on 2 ranks: shares of 3 and 2 prompts; micro-batches of 4 cut across prompt groups.
         "reinforce": {"num_prompts_per_step": 5, "num_rollouts_per_prompt": 3, "normalize_advantages": True},
-        "optim": {"lr": 1e-3, "warmup_steps": 1, "micro_batch_size": 4},
+        # AdamW's first step moves a weight by lr * g / (|g| + eps): with the default eps (1e-8) a gradient entry near
+        # 1e-8 turns a rounding-level difference between 1 and 2 ranks into a visible share of lr. A larger eps keeps
+        # the update a smooth function of the gradient (rounding of ~1e-9 moves a weight by ~1e-5 lr), so weights
+        # and later metrics compare tightly.
+        "optim": {"lr": 1e-3, "warmup_steps": 1, "micro_batch_size": 4, "eps": 1e-4},
         "trainer": {"max_steps": 2, "val_check_interval": 1, "save_interval": 1, "num_val_prompts": 3},
     }
     for section, values in sections.items():
@@ -144,14 +148,15 @@ def test_two_ranks_on_a_global_batch_make_the_one_rank_update(tmp_path, tiny_pol
         assert r1.keys() == r2.keys()
         for key in r1:
             if not key.startswith("timers/"):
-                assert r2[key] == pytest.approx(r1[key], rel=1e-5, abs=1e-7), key
+                # rel 1e-4: the loss sums terms of both signs (whitened advantages), which magnifies relative rounding.
+                assert r2[key] == pytest.approx(r1[key], rel=1e-4, abs=1e-7), key
     assert len(one["samples"]) == len(two["samples"])
     for s1, s2 in zip(one["samples"], two["samples"]):
         assert {k: s2[k] for k in ("step", "split", "prompt", "response", "is_end")} == {
             k: s1[k] for k in ("step", "split", "prompt", "response", "is_end")
         }
         for key in ("reward", "kl", "advantage"):  # validation rows have no advantage
-            assert s2[key] == (None if s1[key] is None else pytest.approx(s1[key], rel=1e-5, abs=1e-6))
+            assert s2[key] == (None if s1[key] is None else pytest.approx(s1[key], rel=1e-4, abs=1e-6))
 
 
 @pytest.mark.slow
