@@ -41,15 +41,22 @@ import torch
 from pydantic import Field
 
 from aligner.algorithms.ppo import clipped_value_loss
-from aligner.config import Section
-from aligner.reward_server import BadRequest, RewardScorer, RewardServerConfig, _decode, require_pytriton, run_triton
+from aligner.reward_server import (
+    BadRequest,
+    RewardScorer,
+    RewardServerConfig,
+    TritonEndpointConfig,
+    _decode,
+    require_pytriton,
+    run_triton,
+)
 
 CHECKPOINT_FILE = "critic.pt"
 CHECKPOINT_FORMAT = "aligner-critic/1"
 MODELS = ("critic_infer", "critic_train", "critic_save")
 
 
-class CriticServerConfig(Section):
+class CriticServerConfig(TritonEndpointConfig):
     """What `aligner serve-critic` serves and how (YAML with --config, flags, or --set key=value)."""
 
     model_path: str = Field(
@@ -70,13 +77,9 @@ class CriticServerConfig(Section):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
     micro_batch_size: int = Field(16, ge=1, description="Rows per forward/backward of a critic_train step.")
     batch_size: int = Field(32, ge=1, description="Rows per forward pass of critic_infer.")
-    host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 for every interface).")
     http_port: int = Field(5556, ge=1, le=65535)
-    grpc_port: int | None = Field(None, ge=1, le=65535, description="Default: http_port + 1.")
-    metrics_port: int | None = Field(None, ge=1, le=65535, description="Prometheus metrics; default: http_port + 2.")
     max_batch_size: int = Field(64, ge=1, description="Largest critic_infer batch Triton forms or accepts.")
     train_max_batch_size: int = Field(1024, ge=1, description="Largest critic_train request (rows).")
-    max_queue_delay_us: int = Field(2000, ge=0, description="How long Triton waits to fill a batch (microseconds).")
     dynamic_batching: bool = Field(True, description="Let Triton merge concurrent critic_infer requests.")
     device: str = Field("auto", description="'auto' (CUDA when available), 'cpu', 'cuda', ...")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads.")

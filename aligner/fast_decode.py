@@ -174,10 +174,10 @@ class LlamaDecoder:
         """Feed `tokens`, then choose the next ones: `sample_next(logits, uniform, ban_eos, *sampling)`."""
         if not self.compile:
             return sample_next(self.step(tokens), uniform, ban_eos, *sampling)
-        inputs = self._inputs(tokens)
+        compiled, inputs = compiled_decode_and_sample(), self._inputs(tokens)
         key = (tokens.shape[0], self.key_positions.shape[0], self.embed.dtype, self.embed.device, self.shape)
         if key in _COMPILED_SHAPES:
-            return compiled_decode_and_sample()(inputs, self.shape, uniform, ban_eos, sampling)
+            return compiled(inputs, self.shape, uniform, ban_eos, sampling)
         print(
             f"generation.compile: compiling the decode step for {tokens.shape[0]} rows x {key[1]} cache positions "
             "(the first time for this shape; torch.compile caches it on disk)",
@@ -185,7 +185,7 @@ class LlamaDecoder:
         )
         start = time.perf_counter()
         try:
-            out = compiled_decode_and_sample()(inputs, self.shape, uniform, ban_eos, sampling)
+            out = compiled(inputs, self.shape, uniform, ban_eos, sampling)
         except Exception as err:  # noqa: BLE001 - inductor raises many kinds; the message says what to do
             first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise RuntimeError(
@@ -217,23 +217,30 @@ def llama_decode_step(tokens, step, embed, layers, head, bias, key_positions, pr
         values.index_copy_(2, position.view(1), qkv[:, nh + nkv :, None])
         # Query heads j*group .. (j+1)*group-1 share key/value head j, as transformers' repeat_kv lays them out.
         q = qk[:, :nh].reshape(batch * nkv, nh // nkv, d)
-        k, v = keys.view(batch * nkv, size, d), values.view(batch * nkv, size, d)
-        if torch.compiler.is_compiling():
-            # Compiled, broadcast products and sums become one fused loop each, where the batched matmuls of a
-            # single query against a short cache are hundreds of tiny GEMM calls.
-            scores = (q[:, :, None, :] * k[:, None, :, :]).sum(-1) + bias
-        else:
-            scores = torch.baddbmm(bias, q, k.transpose(1, 2))
-        probs = scores.softmax(-1) if q.dtype == torch.float32 else scores.softmax(-1, torch.float32).to(q.dtype)
-        if torch.compiler.is_compiling():
-            out = (probs[:, :, :, None] * v[:, None, :, :]).sum(-2).view(batch, nh * d)
-        else:
-            out = torch.bmm(probs, v).view(batch, nh * d)
+        out = _attend(q, keys.view(batch * nkv, size, d), values.view(batch * nkv, size, d), bias)
+        out = out.view(batch, nh * d)
         x = _residual_linear(x, out, o_w, o_b)
         gate, up = F.linear(rms_normalize(x, post_eps), gate_up_w, gate_up_b).chunk(2, dim=-1)
         x = _residual_linear(x, F.silu(gate) * up, down_w, down_b)
     head_w, head_b, final_eps = head
     return F.linear(rms_normalize(x, final_eps), head_w, head_b)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T + bias) v for rows of a few queries [R, G, d] against keys and values [R, S, d]."""
+    if torch.compiler.is_compiling():
+        # Compiled, broadcast products and sums become one fused loop each, where the batched matmuls of a single
+        # query against a short cache are hundreds of tiny GEMM calls.
+        probs = _softmax((q[:, :, None, :] * k[:, None, :, :]).sum(-1) + bias)
+        return (probs[:, :, :, None] * v[:, None, :, :]).sum(-2)
+    return torch.bmm(_softmax(torch.baddbmm(bias, q, k.transpose(1, 2))), v)
+
+
+def _softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension, computed in float32 whatever the scores' dtype (as transformers does)."""
+    if scores.dtype == torch.float32:
+        return scores.softmax(-1)
+    return scores.softmax(-1, torch.float32).to(scores.dtype)
 
 
 def _decode_and_sample(decode_inputs: tuple, shape, uniform, ban_eos, sampling: tuple):

@@ -21,7 +21,7 @@ from torch import nn
 from aligner.config import GenerationConfig
 from aligner.fast_decode import HFDecoder, LlamaDecoder, supports_fast_decode
 from aligner.models import ResponseBatch, position_ids_from_mask
-from aligner.sampling import filter_logits, sample_from_logits, sample_next  # noqa: F401 - re-exported
+from aligner.sampling import sample_next
 
 
 @dataclass

@@ -42,7 +42,7 @@ from aligner.critic_client import RemoteCriticClient
 from aligner.data import PromptDataset
 from aligner.generation import GenerationOutput
 from aligner.models import ResponseBatch, grouped_response_logits, token_logprobs
-from aligner.run_layout import CRITIC_DIR, checkpoint_steps, critic_checkpoint  # noqa: F401 - re-exported
+from aligner.run_layout import CRITIC_DIR, checkpoint_steps, critic_checkpoint
 from aligner.trainer import ReinforceTrainer, _sample_rows
 
 CRITIC_LOG = "critic_server.log"  # in the run folder, when the critic server is started here

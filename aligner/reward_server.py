@@ -56,7 +56,17 @@ class BadRequest(ValueError):
         super().__init__(BAD_REQUEST + reason)
 
 
-class RewardServerConfig(Section):
+class TritonEndpointConfig(Section):
+    """Where a PyTriton server listens and how long it waits to batch: what `run_triton` reads (reward and critic)."""
+
+    host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 for every interface).")
+    http_port: int = Field(8000, ge=1, le=65535)
+    grpc_port: int | None = Field(None, ge=1, le=65535, description="Default: http_port + 1.")
+    metrics_port: int | None = Field(None, ge=1, le=65535, description="Prometheus metrics; default: http_port + 2.")
+    max_queue_delay_us: int = Field(2000, ge=0, description="How long Triton waits to fill a batch (microseconds).")
+
+
+class RewardServerConfig(TritonEndpointConfig):
     """What `aligner serve-reward` serves and how (YAML with --config, flags, or --set key=value)."""
 
     model_path: str | None = Field(None, description="Hugging Face sequence-classification reward model (1 label).")
@@ -65,12 +75,7 @@ class RewardServerConfig(Section):
         None, description="Tokenizer for `tokens` inputs; default: the model's (required for a function)."
     )
     model_name: str = Field("reward_model", description="Triton model name.")
-    host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 for every interface).")
-    http_port: int = Field(8000, ge=1, le=65535)
-    grpc_port: int | None = Field(None, ge=1, le=65535, description="Default: http_port + 1.")
-    metrics_port: int | None = Field(None, ge=1, le=65535, description="Prometheus metrics; default: http_port + 2.")
     max_batch_size: int = Field(64, ge=1, description="Largest batch Triton forms or accepts.")
-    max_queue_delay_us: int = Field(2000, ge=0, description="How long Triton waits to fill a batch (microseconds).")
     dynamic_batching: bool = Field(
         True, description="Let Triton merge concurrent requests into one batch; false: one request per forward pass."
     )
@@ -224,10 +229,12 @@ def _fix_triton_python_stub() -> None:
         os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{current}" if current else libdir
 
 
-def run_triton(config, bind: Callable[[Any], None], what: str, detail: str, ready=None, stop=None) -> None:
+def run_triton(
+    config: TritonEndpointConfig, bind: Callable[[Any], None], what: str, detail: str, ready=None, stop=None
+) -> None:
     """Serve Triton with the models `bind(triton)` binds until SIGTERM/SIGINT (or `stop` is set).
 
-    `config` gives `host`, `http_port`, `grpc_port` and `metrics_port` (the last two default to the next ports);
+    `config`'s `grpc_port` and `metrics_port` default to the ports after `http_port`;
     `what` names the server in its messages ("reward server"), `detail` goes into the ready line; `ready` is set
     once Triton answers. The workspace is removed at the end, and stale ones of dead servers at the start.
     """

@@ -63,7 +63,7 @@ from aligner.models import (
     save_policy,
 )
 from aligner.rewards import build_reward_client
-from aligner.run_layout import BEST_FILE, CHECKPOINT_DIR, STATE_FILE, list_checkpoints  # noqa: F401 - re-exported
+from aligner.run_layout import BEST_FILE, CHECKPOINT_DIR, STATE_FILE, list_checkpoints
 
 FINAL_POLICY_DIR = "final_policy"
 ADAPTER_DIR = "adapter"  # in a checkpoint, instead of "policy", with model.lora

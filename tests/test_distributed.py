@@ -14,7 +14,7 @@ import yaml
 from aligner import distributed
 from aligner.algorithms.reinforce import advantages_from_baseline
 from aligner.metrics import read_jsonl
-from aligner.trainer import list_checkpoints
+from aligner.run_layout import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["tell me about the cat.", "describe the dog.", "a bird", "the old river", "the sea", "a song", "the cat"]

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from aligner.config import GenerationConfig
-from aligner.generation import TorchGenerator, filter_logits, sample_from_logits
+from aligner.generation import TorchGenerator
 from aligner.models import eos_token_ids, load_policy, load_tokenizer, response_logprobs
 
 
@@ -110,26 +110,6 @@ def test_prompts_are_processed_in_chunks(policy):
     out = gen.generate(prompts(policy[1]), 2, seed=0)
     assert out.response_ids.shape[0] == 4 and out.group_ids.tolist() == [0, 0, 1, 1]
     assert out.prompt_ids.shape == out.prompt_mask.shape
-
-
-def test_filter_logits_by_hand():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    top2 = filter_logits(logits, 1.0, 2, 1.0)
-    assert torch.isinf(top2[0, 2:]).all() and torch.isfinite(top2[0, :2]).all()
-    # top_p 0.7: 0.5 is kept (mass before it 0), 0.3 kept (0.5 < 0.7), 0.15 dropped (0.8 >= 0.7).
-    nucleus = filter_logits(logits, 1.0, 0, 0.7)
-    assert torch.isfinite(nucleus[0, :2]).all() and torch.isinf(nucleus[0, 2:]).all()
-    # Temperature 2 halves the logits.
-    torch.testing.assert_close(filter_logits(logits, 2.0, 0, 1.0), logits / 2)
-
-
-def test_inverse_cdf_sampling_follows_the_distribution():
-    probs = torch.tensor([0.1, 0.6, 0.0, 0.3])
-    logits = probs.log().expand(20000, 4)
-    draws = sample_from_logits(logits, torch.rand(20000, 1, generator=torch.Generator().manual_seed(0)))
-    freq = torch.bincount(draws, minlength=4).float() / 20000
-    assert freq[2] == 0
-    torch.testing.assert_close(freq, probs, atol=0.015, rtol=0)
 
 
 @pytest.fixture(scope="module")

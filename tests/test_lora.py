@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 from aligner.config import ConfigError, LoraConfig, config_from_dict
 from aligner.lora import LoraReference, wrap_with_lora
 from aligner.models import ResponseBatch, grouped_response_logprobs, load_policy
-from aligner.trainer import ADAPTER_DIR, list_checkpoints
+from aligner.run_layout import list_checkpoints
+from aligner.trainer import ADAPTER_DIR
 from tests.test_trainer import train
 
 pytest.importorskip("peft")

@@ -15,8 +15,9 @@ from aligner.cli import main
 from aligner.config import ConfigError, config_from_dict, load_config
 from aligner.generation import GenerationOutput
 from aligner.metrics import read_jsonl
-from aligner.ppo_trainer import CRITIC_DIR, PPOTrainer, critic_checkpoint, critic_rows
-from aligner.trainer import BEST_FILE, CHECKPOINT_DIR, ReinforceTrainer, best_checkpoint, list_checkpoints
+from aligner.ppo_trainer import PPOTrainer, critic_rows
+from aligner.run_layout import BEST_FILE, CHECKPOINT_DIR, CRITIC_DIR, critic_checkpoint, list_checkpoints
+from aligner.trainer import ReinforceTrainer, best_checkpoint
 
 PPO_METRICS = [
     "train_rollouts/rewards",

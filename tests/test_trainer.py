@@ -7,7 +7,8 @@ from safetensors.torch import load_file
 from aligner.cli import main
 from aligner.data import PromptDataError
 from aligner.metrics import read_jsonl
-from aligner.trainer import ReinforceTrainer, RunDirError, list_checkpoints, lr_multiplier
+from aligner.run_layout import list_checkpoints
+from aligner.trainer import ReinforceTrainer, RunDirError, lr_multiplier
 
 NEMO_METRICS = [
     "train_rollouts/rewards",
