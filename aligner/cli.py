@@ -79,8 +79,17 @@ def _cmd_import_gguf(args: argparse.Namespace) -> None:
     print(f"imported to {out}")
 
 
+def _server_config(args: argparse.Namespace, flags: dict, schema, path_fields):
+    """A server's config: --config YAML (or nothing), then the flags that were given, then --set overrides."""
+    from aligner.config import apply_overrides, config_from_dict, load_config
+
+    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + args.overrides
+    if args.config:
+        return load_config(args.config, overrides, schema=schema, path_fields=path_fields)
+    return config_from_dict(apply_overrides({}, overrides), None, schema, path_fields)
+
+
 def _cmd_serve_reward(args: argparse.Namespace) -> None:
-    from aligner.config import config_from_dict, load_config
     from aligner.reward_server import SERVER_PATH_FIELDS, RewardServerConfig, serve
 
     flags = {
@@ -91,27 +100,14 @@ def _cmd_serve_reward(args: argparse.Namespace) -> None:
         "http_port": args.port,
         "max_batch_size": args.max_batch_size,
     }
-    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + args.overrides
-    if args.config:
-        config = load_config(args.config, overrides, schema=RewardServerConfig, path_fields=SERVER_PATH_FIELDS)
-    else:
-        from aligner.config import apply_overrides
-
-        config = config_from_dict(apply_overrides({}, overrides), None, RewardServerConfig, SERVER_PATH_FIELDS)
-    serve(config)
+    serve(_server_config(args, flags, RewardServerConfig, SERVER_PATH_FIELDS))
 
 
 def _cmd_serve_critic(args: argparse.Namespace) -> None:
-    from aligner.config import apply_overrides, config_from_dict, load_config
     from aligner.critic_server import SERVER_PATH_FIELDS, CriticServerConfig, serve
 
     flags = {"model_path": args.model, "checkpoint": args.checkpoint, "host": args.host, "http_port": args.port}
-    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + args.overrides
-    if args.config:
-        config = load_config(args.config, overrides, schema=CriticServerConfig, path_fields=SERVER_PATH_FIELDS)
-    else:
-        config = config_from_dict(apply_overrides({}, overrides), None, CriticServerConfig, SERVER_PATH_FIELDS)
-    serve(config)
+    serve(_server_config(args, flags, CriticServerConfig, SERVER_PATH_FIELDS))
 
 
 def build_parser() -> argparse.ArgumentParser:
