@@ -210,11 +210,7 @@ def kill_leftover_trainer(run_dir: Path) -> None:
     pid = info.get("pid")
     if info.get("host") != socket.gethostname() or not isinstance(pid, int):
         return
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return
-    if str(run_dir / JOB_CONFIG_FILE) not in cmdline:
+    if str(run_dir / JOB_CONFIG_FILE) not in _cmdline(pid):  # "" when the process is gone
         return
     log.warning("killing trainer process group %d left running in %s by a lost worker", pid, run_dir)
     kill_group(pid, signal.SIGKILL)
