@@ -219,9 +219,9 @@ def llama_decode_step(tokens, step, embed, layers, head, bias, key_positions, pr
         q = qk[:, :nh].reshape(batch * nkv, nh // nkv, d)
         out = _attend(q, keys.view(batch * nkv, size, d), values.view(batch * nkv, size, d), bias)
         out = out.view(batch, nh * d)
-        x = _residual_linear(x, out, o_w, o_b)
+        x = residual_linear(x, out, o_w, o_b)
         gate, up = F.linear(rms_normalize(x, post_eps), gate_up_w, gate_up_b).chunk(2, dim=-1)
-        x = _residual_linear(x, F.silu(gate) * up, down_w, down_b)
+        x = residual_linear(x, F.silu(gate) * up, down_w, down_b)
     head_w, head_b, final_eps = head
     return F.linear(rms_normalize(x, final_eps), head_w, head_b)
 
@@ -231,12 +231,12 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tenso
     if torch.compiler.is_compiling():
         # Compiled, broadcast products and sums become one fused loop each, where the batched matmuls of a single
         # query against a short cache are hundreds of tiny GEMM calls.
-        probs = _softmax((q[:, :, None, :] * k[:, None, :, :]).sum(-1) + bias)
+        probs = float32_softmax((q[:, :, None, :] * k[:, None, :, :]).sum(-1) + bias)
         return (probs[:, :, :, None] * v[:, None, :, :]).sum(-2)
-    return torch.bmm(_softmax(torch.baddbmm(bias, q, k.transpose(1, 2))), v)
+    return torch.bmm(float32_softmax(torch.baddbmm(bias, q, k.transpose(1, 2))), v)
 
 
-def _softmax(scores: torch.Tensor) -> torch.Tensor:
+def float32_softmax(scores: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dimension, computed in float32 whatever the scores' dtype (as transformers does)."""
     if scores.dtype == torch.float32:
         return scores.softmax(-1)
@@ -259,7 +259,7 @@ def compiled_decode_and_sample():
     return torch.compile(_decode_and_sample, fullgraph=True, options={"cpp_wrapper": True})
 
 
-def _residual_linear(x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+def residual_linear(x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
     """x + linear(inputs), as one addmm when the layer has no bias (Llama's)."""
     if bias is None:
         return torch.addmm(x, inputs, weight.t())
@@ -268,8 +268,8 @@ def _residual_linear(x: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding in transformers' rotate_half convention; cos/sin broadcast over x's head dimension."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
 
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
