@@ -67,7 +67,9 @@ def llama_grouped_logits(model: nn.Module, batch) -> torch.Tensor:
     cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [N, 1, head_dim]: broadcast over heads
     prompt_bias, response_bias = _attention_biases(prompt_mask, group, batch.response_mask[:, :fed], x.dtype)
 
-    rows, lengths = [num_prompts * prompt_len, num_responses * fed], [prompt_len, fed]
+    # Shapes spelled out, not -1: with one-token responses nothing of them is fed (fed == 0, empty tensors).
+    rows = [num_prompts * prompt_len, num_responses * fed]
+    kv_shapes = [(num_prompts, prompt_len, num_kv, head_dim), (num_responses, fed, num_kv, head_dim)]
     scaling = head_dim**-0.5
     for layer in inner.layers:
         attn, mlp, norm = layer.self_attn, layer.mlp, layer.input_layernorm
@@ -77,12 +79,8 @@ def llama_grouped_logits(model: nn.Module, batch) -> torch.Tensor:
         qk, v = qkv.view(-1, num_heads + 2 * num_kv, head_dim).split([num_heads + num_kv, num_kv], dim=1)
         q, k = apply_rope(qk, cos, sin).split([num_heads, num_kv], dim=1)  # queries and keys rotated at once
         prompt_q, response_q = q.split(rows)
-        prompt_k, response_k = (
-            t.view(-1, length, num_kv, head_dim).transpose(1, 2) for t, length in zip(k.split(rows), lengths)
-        )
-        prompt_v, response_v = (
-            t.view(-1, length, num_kv, head_dim).transpose(1, 2) for t, length in zip(v.split(rows), lengths)
-        )
+        prompt_k, response_k = (t.view(shape).transpose(1, 2) for t, shape in zip(k.split(rows), kv_shapes))
+        prompt_v, response_v = (t.view(shape).transpose(1, 2) for t, shape in zip(v.split(rows), kv_shapes))
         out = torch.cat(
             [
                 _attention(prompt_q, prompt_k, prompt_v, prompt_bias),
@@ -105,7 +103,7 @@ def llama_grouped_logits(model: nn.Module, batch) -> torch.Tensor:
     # Each response's first token is predicted at its prompt's last position (prompts are left-padded).
     prompt_x, response_x = x.split(rows)
     last = prompt_x.view(num_prompts, prompt_len, -1)[:, -1].index_select(0, group)[:, None]
-    hidden = torch.cat([last, response_x.view(num_responses, fed, -1)], dim=1)
+    hidden = torch.cat([last, response_x.view(num_responses, fed, x.shape[-1])], dim=1)
     norm, head = inner.norm, model.lm_head
     return F.linear(rms_normalize(hidden, norm.variance_epsilon), head.weight * norm.weight, head.bias).float()
 
@@ -140,4 +138,6 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Te
     q = q.view(rows, length, num_kv, n, head_dim).permute(0, 2, 3, 1, 4).reshape(rows, num_kv, n * length, head_dim)
     scores = torch.matmul(q, k.transpose(-1, -2)).view(rows, num_kv, n, length, keys) + bias[:, None, None]
     out = torch.matmul(float32_softmax(scores).view(rows, num_kv, n * length, keys), v)
-    return out.view(rows, num_kv, n, length, head_dim).permute(0, 3, 1, 2, 4).reshape(rows * length, -1)
+    return (
+        out.view(rows, num_kv, n, length, head_dim).permute(0, 3, 1, 2, 4).reshape(rows * length, num_heads * head_dim)
+    )

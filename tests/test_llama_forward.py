@@ -85,6 +85,18 @@ def test_logits_and_gradients_equal_those_of_transformers(extra):
     assert not grads["model.embed_tokens.weight"][0].any()
 
 
+def test_one_token_responses_feed_nothing_and_are_predicted_from_their_prompts():
+    model, batch = tiny_llama().train(), ragged_batch(seed=3)
+    only_first = ResponseBatch(
+        batch.prompt_ids, batch.prompt_mask, batch.group, batch.response_ids[:, :1], batch.response_mask[:, :1]
+    )
+    logits = llama_grouped_logits(model, only_first)
+    assert logits.shape == (8, 1, VOCAB)
+    torch.testing.assert_close(logits, transformers_logits(model, only_first), atol=1e-5, rtol=1e-5)
+    logits.sum().backward()
+    assert model.model.layers[0].self_attn.q_proj.weight.grad.any()
+
+
 def test_grouped_logits_take_the_fast_path_for_llama_and_transformers_otherwise(monkeypatch):
     import aligner.models as models
 
