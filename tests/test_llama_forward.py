@@ -85,6 +85,16 @@ def test_logits_and_gradients_equal_those_of_transformers(extra):
     assert not grads["model.embed_tokens.weight"][0].any()
 
 
+def test_bfloat16_logits_agree_to_bfloat16_precision():
+    model, batch = tiny_llama(num_key_value_heads=2).to(torch.bfloat16).eval(), ragged_batch(seed=4)
+    mask = batch.response_mask[..., None]
+    with torch.no_grad():
+        expected, got = transformers_logits(model, batch) * mask, llama_grouped_logits(model, batch) * mask
+    assert got.dtype == torch.float32
+    # Both round to bfloat16 after every op (norms and softmax in float32): a few bfloat16 ulps (2^-8 relative).
+    assert (got - expected).abs().max() <= 4 * 2**-8 * expected.abs().max()
+
+
 def test_one_token_responses_feed_nothing_and_are_predicted_from_their_prompts():
     model, batch = tiny_llama().train(), ragged_batch(seed=3)
     only_first = ResponseBatch(
