@@ -164,11 +164,13 @@ class GenerationConfig(Section):
         description="Decode Llama-architecture models with Aligner's own step and a preallocated KV cache "
         "(aligner/fast_decode.py); false, or another architecture, decodes through transformers' forward.",
     )
-    compile: bool = Field(
-        False,
+    compile: bool | Literal["auto"] = Field(
+        "auto",
         description="With fast_decode, compile the decode step and the sampling into one function (torch.compile; "
         "needs a C++ compiler on the CPU). Generation gets about a quarter faster; the first step of each batch shape "
-        "pays a compilation (about 30 s on 2 CPU cores the first time, a few seconds once cached on disk).",
+        "pays a compilation (10-30 s on 2 CPU cores the first time, a few seconds once cached on disk). auto: on "
+        "the CPU with a C++ compiler, for runs of at least 500 steps (trainer.max_steps), which earn it back; the "
+        "run's saved config holds what auto resolved to.",
     )
 
     @model_validator(mode="after")

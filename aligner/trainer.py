@@ -48,7 +48,7 @@ from aligner.algorithms.reinforce import (
 )
 from aligner.config import ConfigError, TrainConfig, save_config
 from aligner.data import PromptDataset, PromptSampler, build_prompt_dataset, read_prompt_file
-from aligner.generation import GenerationOutput, TorchGenerator
+from aligner.generation import GenerationOutput, TorchGenerator, resolve_compile
 from aligner.lora import LoraReference, load_adapter, require_peft, save_adapter, save_merged_policy, wrap_with_lora
 from aligner.metrics import RunLog, Timers
 from aligner.models import (
@@ -166,6 +166,7 @@ class ReinforceTrainer:
             self.reference = ReferencePolicy(self.policy)
         if cfg.model.gradient_checkpointing and not self.uses_megatron:
             self.policy.gradient_checkpointing_enable()
+        cfg.generation.compile = resolve_compile(cfg.generation.compile, self.device, cfg.trainer.max_steps)
         self.generator = TorchGenerator(
             self.policy, self.tokenizer, cfg.generation, eos_token_ids(self.policy, self.tokenizer)
         )

@@ -193,3 +193,20 @@ def test_other_architectures_decode_through_transformers(tiny_policy_dir):
     ids, mask = out.response_batch().sequences()
     full = response_logprobs(model, ids, mask, out.response_ids.shape[1])
     assert torch.allclose(full[out.response_mask], out.logprobs[out.response_mask], atol=1e-4)
+
+
+def test_compile_auto_is_for_long_runs_on_the_cpu_with_a_compiler(monkeypatch):
+    import shutil
+
+    from aligner.config import GenerationConfig
+    from aligner.generation import AUTO_COMPILE_MIN_STEPS, resolve_compile
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert GenerationConfig().compile == "auto"
+    assert resolve_compile(True, cpu, 1) is True and resolve_compile(False, cpu, 10**6) is False
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert resolve_compile("auto", cpu, AUTO_COMPILE_MIN_STEPS) is True
+    assert resolve_compile("auto", cpu, AUTO_COMPILE_MIN_STEPS - 1) is False  # would not earn the compilation back
+    assert resolve_compile("auto", cuda, 10**6) is False  # CUDA compiles only when asked
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert resolve_compile("auto", cpu, 10**6) is False  # no C++ compiler

@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from aligner.cli import main
@@ -86,8 +87,9 @@ def test_metrics_samples_checkpoints_and_final_policy(run_config):
     assert {s["split"] for s in samples} == {"train", "validation"}
     assert {"step", "prompt", "response", "reward", "kl", "advantage", "is_end"} <= samples[0].keys()
     assert [p.name for p in list_checkpoints(trainer.run_dir)] == ["step_000002", "step_000003"]
-    assert (trainer.run_dir / "config.yaml").is_file()
     assert (list_checkpoints(trainer.run_dir)[-1] / "config.yaml").is_file()
+    saved = yaml.safe_load((trainer.run_dir / "config.yaml").read_text())
+    assert saved["generation"]["compile"] is False  # what generation.compile=auto resolved to for 3 steps
     model = AutoModelForCausalLM.from_pretrained(str(trainer.final_policy_dir))
     assert model(torch.tensor([[1, 2, 3]])).logits.shape[-1] == model.config.vocab_size
 

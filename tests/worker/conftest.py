@@ -125,7 +125,8 @@ def job_config(tiny_policy_dir, prompt_files) -> Callable[..., dict[str, Any]]:
             "model": {"policy_path": str(tiny_policy_dir), "num_threads": 1},
             "data": {"train_file": str(prompt_files[0]), "val_file": str(prompt_files[1])},
             "reward": {"function": "tests.test_trainer:letter_reward"},
-            "generation": {"max_new_tokens": 8},
+            # Jobs of 500 steps (cancelled early) would otherwise compile the decode step (generation.compile=auto).
+            "generation": {"max_new_tokens": 8, "compile": False},
             "reinforce": {"num_prompts_per_step": 4, "num_rollouts_per_prompt": 2, "baseline": "none"},
             "optim": {"lr": 1e-3, "warmup_steps": 1, "micro_batch_size": 8},
             "trainer": {
