@@ -173,6 +173,13 @@ class GenerationConfig(Section):
         "run's saved config holds what auto resolved to.",
     )
 
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_choice(cls, value):
+        if isinstance(value, bool) or value == "auto":
+            return value
+        raise ValueError("must be true, false or auto")
+
     @model_validator(mode="after")
     def _lengths(self) -> GenerationConfig:
         if self.min_new_tokens > self.max_new_tokens:

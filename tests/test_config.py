@@ -46,6 +46,7 @@ def test_overrides_are_typed_and_nested(tmp_path, monkeypatch):
         ("reinforce.num_rollouts_per_prompt=1", "reinforce: num_rollouts_per_prompt must be at least 2"),
         ("optim.lr=-1", "optim.lr: Input should be greater than 0 (got -1)"),
         ("generation.temperature=hot", "generation.temperature: Input should be a valid number"),
+        ("generation.compile=maybe", "generation.compile: must be true, false or auto (got 'maybe')"),
         ("model.dtyp=float32", "model.dtyp: unknown field"),
         ("generation.min_new_tokens=100", "min_new_tokens (100) must not exceed max_new_tokens (64)"),
         ("reward.model_path=rm", "give exactly one of reward.function, reward.model_path or reward.server_url"),
