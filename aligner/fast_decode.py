@@ -98,11 +98,7 @@ class LlamaDecoder:
         max_new: int,
         compile: bool = False,
     ):
-        config = model.config
-        num_heads = config.num_attention_heads
-        num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-        self.shape = (num_heads, num_kv_heads, head_dim)
+        self.shape = num_heads, num_kv_heads, head_dim = attention_shape(model.config)
         self.compile = compile
         batch, prompt_len = prompt_mask.shape
         size = prompt_len + max_new
@@ -132,23 +128,21 @@ class LlamaDecoder:
         # step) to need fewer ops: q, k and v in one matmul and gate and up in another instead of five; each
         # RMSNorm's weight folded into the columns of the matmul that reads its output; the attention scaling folded
         # into the query rows (RoPE is linear, so scaling before or after it is the same).
-        scaling = head_dim**-0.5
         self.layers = []
         for layer, k, v in zip(model.model.layers, keys, values):
             attn, mlp = layer.self_attn, layer.mlp
-            qkv_weight, qkv_bias = fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj, scales=[scaling, 1.0, 1.0])
-            gate_up_weight, gate_up_bias = fuse_linears(mlp.gate_proj, mlp.up_proj)
+            qkv_weight, qkv_bias, gate_up_weight, gate_up_bias = folded_projections(layer, head_dim**-0.5)
             self.layers.append(
                 (
                     layer.input_layernorm.variance_epsilon,
-                    qkv_weight * layer.input_layernorm.weight,
+                    qkv_weight,
                     qkv_bias,
                     k,
                     v,
                     attn.o_proj.weight,
                     attn.o_proj.bias,
                     layer.post_attention_layernorm.variance_epsilon,
-                    gate_up_weight * layer.post_attention_layernorm.weight,
+                    gate_up_weight,
                     gate_up_bias,
                     mlp.down_proj.weight,
                     mlp.down_proj.bias,
@@ -277,6 +271,29 @@ def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     if x.dtype == torch.float32:
         return F.rms_norm(x, x.shape[-1:], None, eps)
     return F.rms_norm(x.float(), x.shape[-1:], None, eps).to(x.dtype)
+
+
+def attention_shape(config) -> tuple[int, int, int]:
+    """(query heads, key/value heads, head size) of a Llama config (grouped-query attention and head_dim optional)."""
+    num_heads = config.num_attention_heads
+    num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+    return num_heads, num_kv_heads, getattr(config, "head_dim", None) or config.hidden_size // num_heads
+
+
+def folded_projections(layer: nn.Module, scaling: float) -> tuple:
+    """A decoder layer's (qkv weight, qkv bias, gate_up weight, gate_up bias): q/k/v and gate/up fused, each
+    RMSNorm's weight folded into the columns of the matmul reading its output, `scaling` into the query rows.
+
+    Differentiable: gradients reach the projections and the norm weights alike."""
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv_weight, qkv_bias = fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj, scales=[scaling, 1.0, 1.0])
+    gate_up_weight, gate_up_bias = fuse_linears(mlp.gate_proj, mlp.up_proj)
+    return (
+        qkv_weight * layer.input_layernorm.weight,
+        qkv_bias,
+        gate_up_weight * layer.post_attention_layernorm.weight,
+        gate_up_bias,
+    )
 
 
 def fuse_linears(*linears: nn.Linear, scales: list[float] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

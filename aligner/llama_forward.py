@@ -26,8 +26,9 @@ from torch.nn import functional as F
 
 from aligner.fast_decode import (
     apply_rope,
+    attention_shape,
     float32_softmax,
-    fuse_linears,
+    folded_projections,
     residual_linear,
     rms_normalize,
     supports_fast_decode,
@@ -47,10 +48,8 @@ def llama_grouped_logits(model: nn.Module, batch) -> torch.Tensor:
     Row layout of the flat token matrix: the G left-padded prompts (G x P), then the B responses without their last
     token (B x (T - 1)); response b attends to its prompt's keys (`batch.group[b]`) and, causally, to its own.
     """
-    config, inner = model.config, model.model
-    num_heads = config.num_attention_heads
-    num_kv = getattr(config, "num_key_value_heads", None) or num_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    inner = model.model
+    num_heads, num_kv, head_dim = attention_shape(model.config)
     prompt_ids, prompt_mask, group = batch.prompt_ids, batch.prompt_mask, batch.group
     (num_prompts, prompt_len), (num_responses, width) = prompt_ids.shape, batch.response_ids.shape
     fed = width - 1  # response tokens fed in: the last one is only predicted
@@ -70,11 +69,10 @@ def llama_grouped_logits(model: nn.Module, batch) -> torch.Tensor:
     # Shapes spelled out, not -1: with one-token responses nothing of them is fed (fed == 0, empty tensors).
     rows = [num_prompts * prompt_len, num_responses * fed]
     kv_shapes = [(num_prompts, prompt_len, num_kv, head_dim), (num_responses, fed, num_kv, head_dim)]
-    scaling = head_dim**-0.5
     for layer in inner.layers:
-        attn, mlp, norm = layer.self_attn, layer.mlp, layer.input_layernorm
-        qkv_weight, qkv_bias = fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj, scales=[scaling, 1.0, 1.0])
-        qkv = F.linear(rms_normalize(x, norm.variance_epsilon), qkv_weight * norm.weight, qkv_bias)
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv_weight, qkv_bias, gate_up_weight, gate_up_bias = folded_projections(layer, head_dim**-0.5)
+        qkv = F.linear(rms_normalize(x, layer.input_layernorm.variance_epsilon), qkv_weight, qkv_bias)
         # split, not slicing: its backward is one concatenation, where each slice's would zero a whole gradient.
         qk, v = qkv.view(-1, num_heads + 2 * num_kv, head_dim).split([num_heads + num_kv, num_kv], dim=1)
         q, k = apply_rope(qk, cos, sin).split([num_heads, num_kv], dim=1)  # queries and keys rotated at once
@@ -93,11 +91,8 @@ def llama_grouped_logits(model: nn.Module, batch) -> torch.Tensor:
             ]
         )
         x = residual_linear(x, out, attn.o_proj.weight, attn.o_proj.bias)
-        norm = layer.post_attention_layernorm
-        gate_up_weight, gate_up_bias = fuse_linears(mlp.gate_proj, mlp.up_proj)
-        gate, up = F.linear(rms_normalize(x, norm.variance_epsilon), gate_up_weight * norm.weight, gate_up_bias).chunk(
-            2, dim=-1
-        )
+        normed = rms_normalize(x, layer.post_attention_layernorm.variance_epsilon)
+        gate, up = F.linear(normed, gate_up_weight, gate_up_bias).chunk(2, dim=-1)
         x = residual_linear(x, F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
 
     # Each response's first token is predicted at its prompt's last position (prompts are left-padded).
