@@ -33,6 +33,7 @@ from aligner.fast_decode import (
     rms_normalize,
     supports_fast_decode,
 )
+from aligner.models import position_ids_from_mask
 
 
 def supports_fast_forward(model: nn.Module) -> bool:
@@ -56,7 +57,7 @@ def llama_grouped_logits(model: nn.Module, batch) -> torch.Tensor:
     device = prompt_ids.device
 
     ids = torch.cat([prompt_ids.reshape(-1), batch.response_ids[:, :fed].reshape(-1)])
-    prompt_positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+    prompt_positions = position_ids_from_mask(prompt_mask)
     response_positions = prompt_mask.sum(-1).index_select(0, group)[:, None] + torch.arange(fed, device=device)
     positions = torch.cat([prompt_positions.reshape(-1), response_positions.reshape(-1)])
     embed = inner.embed_tokens

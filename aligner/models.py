@@ -15,8 +15,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from aligner.llama_forward import llama_grouped_logits, supports_fast_forward
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -200,12 +198,14 @@ def grouped_response_logits(model: nn.Module, batch: ResponseBatch) -> torch.Ten
     `grouped_response_logprobs`, which PPO's entropy needs the whole distribution of)."""
     from transformers import DynamicCache
 
+    from aligner import llama_forward  # it builds on this module's position_ids_from_mask
+
     t = batch.response_ids.shape[1]
     if model.training and _activation_checkpointing(model):
         input_ids, attention_mask = batch.sequences()
         return _response_logits(model, input_ids, attention_mask, t)
-    if supports_fast_forward(model):
-        return llama_grouped_logits(model, batch)
+    if llama_forward.supports_fast_forward(model):
+        return llama_forward.llama_grouped_logits(model, batch)
     cache = DynamicCache(config=model.config)
     prompt_out = model(
         input_ids=batch.prompt_ids,

@@ -108,10 +108,12 @@ def test_one_token_responses_feed_nothing_and_are_predicted_from_their_prompts()
 
 
 def test_grouped_logits_take_the_fast_path_for_llama_and_transformers_otherwise(monkeypatch):
-    import aligner.models as models
+    import aligner.llama_forward
 
     calls = []
-    monkeypatch.setattr(models, "llama_grouped_logits", lambda m, b: calls.append(m) or llama_grouped_logits(m, b))
+    monkeypatch.setattr(
+        aligner.llama_forward, "llama_grouped_logits", lambda m, b: calls.append(m) or llama_grouped_logits(m, b)
+    )
     model, batch = tiny_llama().eval(), ragged_batch(seed=2)
     with torch.no_grad():
         fast = grouped_response_logits(model, batch)
