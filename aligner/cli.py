@@ -8,25 +8,29 @@
     aligner serve-critic --model demo_assets/reward_model --port 5556 [--checkpoint PATH]   # PPO's critic
     aligner db upgrade && aligner token create --user alice     # the training service (webapp/manage.py)
 
-Errors a user can fix (bad config, bad data, missing files) print one clear message and exit with status 2.
+The service's commands (`aligner up`, `ui`, `db`, `token`) are registered by the service package through the
+entry-point group `aligner.commands` (pyproject.toml): the ML library never imports the service.
+Errors a user can fix (bad config, bad data, missing files: `aligner.errors.AlignerError`) print one clear message
+and exit with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
+from aligner.errors import AlignerError
 
-class UserError(Exception):
-    """An error caused by the user's input: printed as a message, never as a traceback."""
+COMMAND_GROUP = "aligner.commands"  # entry points: callables that add subcommands to the `aligner` parser
 
 
 def _cmd_train(args: argparse.Namespace) -> None:
     from aligner import distributed
     from aligner.config import load_config
-    from aligner.ppo_trainer import PPOTrainer
-    from aligner.trainer import ReinforceTrainer
+    from aligner.trainers.ppo import PPOTrainer
+    from aligner.trainers.reinforce import ReinforceTrainer
 
     config = load_config(args.config, args.overrides)
     trainer = (PPOTrainer if config.algorithm == "ppo" else ReinforceTrainer)(config)
@@ -43,22 +47,22 @@ def _cmd_train(args: argparse.Namespace) -> None:
 
 def reward_summary(run_dir: Path) -> str:
     """One line: mean train reward of the first and last 5 steps, and the first and last validation reward."""
-    from aligner.metrics import METRICS_FILE, read_jsonl
+    from aligner.run_layout import METRICS_FILE
+    from aligner.trainers.run_log import read_jsonl, reward_change
 
     rows = read_jsonl(Path(run_dir) / METRICS_FILE)
     train = [r["train_rollouts/rewards"] for r in rows if "train_rollouts/rewards" in r]
     val = [r["val/rewards"] for r in rows if "val/rewards" in r]
     if not train:
         return "no training step was run"
-    n = min(5, len(train))
-    line = f"train reward (mean of {n} steps): {sum(train[:n]) / n:+.3f} first -> {sum(train[-n:]) / n:+.3f} last"
+    line = reward_change(train)
     if val:
         line += f"; validation reward {val[0]:+.3f} at step 0 -> {val[-1]:+.3f}"
     return line
 
 
 def _cmd_train_rm(args: argparse.Namespace) -> None:
-    from aligner.reward_model import load_rm_config, train_reward_model, validation_summary
+    from aligner.trainers.reward_model import load_rm_config, train_reward_model, validation_summary
 
     out_dir = train_reward_model(load_rm_config(args.config, args.overrides))
     print(validation_summary(out_dir))
@@ -66,14 +70,14 @@ def _cmd_train_rm(args: argparse.Namespace) -> None:
 
 
 def _cmd_demo_assets(args: argparse.Namespace) -> None:
-    from aligner.demo import build_demo_assets
+    from aligner.demo.assets import build_demo_assets
 
     config_path = build_demo_assets(Path(args.out_dir), seed=args.seed)
     print(f"demo assets ready; train with: aligner train --config {config_path}")
 
 
 def _cmd_import_gguf(args: argparse.Namespace) -> None:
-    from aligner.gguf import import_gguf
+    from aligner.modeling.gguf import import_gguf
 
     out = import_gguf(args.source, Path(args.out_dir), dtype=args.dtype)
     print(f"imported to {out}")
@@ -90,7 +94,7 @@ def _server_config(args: argparse.Namespace, flags: dict, schema, path_fields):
 
 
 def _cmd_serve_reward(args: argparse.Namespace) -> None:
-    from aligner.reward_server import SERVER_PATH_FIELDS, RewardServerConfig, serve
+    from aligner.servers.reward_server import SERVER_PATH_FIELDS, RewardServerConfig, serve
 
     flags = {
         "model_path": args.model,
@@ -104,7 +108,7 @@ def _cmd_serve_reward(args: argparse.Namespace) -> None:
 
 
 def _cmd_serve_critic(args: argparse.Namespace) -> None:
-    from aligner.critic_server import SERVER_PATH_FIELDS, CriticServerConfig, serve
+    from aligner.servers.critic_server import SERVER_PATH_FIELDS, CriticServerConfig, serve
 
     flags = {"model_path": args.model, "checkpoint": args.checkpoint, "host": args.host, "http_port": args.port}
     serve(_server_config(args, flags, CriticServerConfig, SERVER_PATH_FIELDS))
@@ -174,31 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
     gguf.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     gguf.set_defaults(func=_cmd_import_gguf)
 
-    from webapp.manage import add_commands as add_service_commands  # argparse only: no service imports
-
-    add_service_commands(sub)
+    for entry_point in sorted(entry_points(group=COMMAND_GROUP), key=lambda ep: ep.name):
+        entry_point.load()(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from aligner.config import ConfigError
-    from aligner.data import PromptDataError
-    from aligner.processes import ServerStartError
-    from aligner.rewards import RewardError
-    from aligner.trainer import RunDirError
-
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (
-        UserError,
-        ConfigError,
-        PromptDataError,
-        RewardError,
-        RunDirError,
-        ServerStartError,
-        FileNotFoundError,
-    ) as err:
+    except AlignerError as err:
         print(f"aligner {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -18,9 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names each bad field and why."""
+from aligner.errors import ConfigError
 
 
 class Section(BaseModel):

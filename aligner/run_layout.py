@@ -43,3 +43,13 @@ def critic_checkpoint(run_dir: str | Path, step: int | None = None) -> Path | No
         if (folder / CRITIC_DIR).is_dir():
             return folder / CRITIC_DIR
     return None
+
+
+METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+
+FINAL_POLICY_DIR = "final_policy"
+ADAPTER_DIR = "adapter"  # in a checkpoint, instead of "policy", with model.lora
+MEGATRON_OPTIMIZER_FILE = "megatron_optimizer_rank{rank:05d}.pt"  # model.backend=megatron: one per rank
+
+CRITIC_LOG = "critic_server.log"  # in the run folder, when the critic server is started here

@@ -96,7 +96,7 @@ def run_aligner(steps: int, warmup: int, overrides: list[str]) -> dict:
     from workload import timed_steps
 
     from aligner.config import load_config
-    from aligner.trainer import ReinforceTrainer
+    from aligner.trainers.reinforce import ReinforceTrainer
 
     with tempfile.TemporaryDirectory() as tmp:
         trainer = ReinforceTrainer(load_config(build_workload(Path(tmp)), overrides))

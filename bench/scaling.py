@@ -38,7 +38,7 @@ def child(config: str, threads: int, prompts: int, steps: int, warmup: int) -> N
 
     from aligner import distributed
     from aligner.config import load_config
-    from aligner.trainer import ReinforceTrainer
+    from aligner.trainers.reinforce import ReinforceTrainer
 
     overrides = [f"model.num_threads={threads}", f"reinforce.num_prompts_per_step={prompts}"]
     trainer = ReinforceTrainer(load_config(config, overrides))

@@ -84,7 +84,7 @@ def reward_model_dir(tmp_path_factory, tiny_policy_dir) -> Path:
 @pytest.fixture(scope="session")
 def demo_assets_dir(tmp_path_factory) -> Path:
     """The full demo folder of `aligner demo-assets` (about a minute to build): slow tests only."""
-    from aligner.demo import build_demo_assets
+    from aligner.demo.assets import build_demo_assets
 
     return build_demo_assets(tmp_path_factory.mktemp("demo") / "assets", seed=0, progress=False).parent
 
@@ -101,7 +101,7 @@ def run_config(tmp_path, tiny_policy_dir):
             "run_dir": str(tmp_path / run_dir),
             "model": {"policy_path": str(tiny_policy_dir)},
             "data": {"train_file": str(tmp_path / "train.jsonl"), "val_file": str(tmp_path / "val.jsonl")},
-            "reward": {"function": "tests.test_trainer:letter_reward"},
+            "reward": {"function": "tests.helpers.rewards:letter_reward"},
             "generation": {"max_new_tokens": 8},
             "reinforce": {"num_prompts_per_step": 4, "num_rollouts_per_prompt": 2, "baseline": "none"},
             "optim": {"lr": 1e-3, "warmup_steps": 1, "micro_batch_size": 3},

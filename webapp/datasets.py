@@ -16,7 +16,8 @@ from flask import current_app, request
 from sqlalchemy import func, select
 from werkzeug.utils import secure_filename
 
-from aligner.data import PromptDataError, read_prompt_file
+from aligner.data.prompts import read_prompt_file
+from aligner.errors import PromptDataError
 from webapp.auth import auth, current_user
 from webapp.db import Dataset
 from webapp.errors import abort_fields

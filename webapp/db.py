@@ -36,6 +36,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from aligner.errors import AlignerError
+
 DEFAULT_DATA_DIR = Path(os.environ.get("ALIGNER_DATA_DIR", "aligner_data"))
 
 QUEUED, RUNNING, CANCELLING = "queued", "running", "cancelling"
@@ -226,7 +228,7 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
 
 
 # ------------------------------------------------------------------------------------------------- jobs
-class TransitionError(ValueError):
+class TransitionError(AlignerError, ValueError):
     """A status change the state machine does not allow (e.g. cancelling a finished job)."""
 
 

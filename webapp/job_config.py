@@ -18,7 +18,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from aligner.config import ConfigError, TrainConfig, config_from_dict
+from aligner.config import TrainConfig, config_from_dict
+from aligner.errors import ConfigError
 from webapp.db import ALGORITHMS, PPO
 
 # Sizes a single job may ask for: larger values are almost surely typos, and max_steps lands in a 32-bit column.

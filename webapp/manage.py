@@ -13,56 +13,23 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-ALEMBIC_INI = ROOT / "alembic.ini"
-MIGRATIONS_DIR = ROOT / "migrations"
-
-
-def alembic_config(url: str | None = None, configure_logger: bool = True):
-    """An Alembic `Config` for migrations/ and `url` (default `webapp.db.database_url()`)."""
-    from alembic.config import Config
-
-    from webapp.db import database_url
-
-    if not (MIGRATIONS_DIR / "env.py").is_file():
-        from aligner.cli import UserError
-
-        raise UserError(f"migrations not found in {MIGRATIONS_DIR} (install Aligner from its source tree: pip -e .)")
-    config = Config(str(ALEMBIC_INI)) if ALEMBIC_INI.is_file() else Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    # Passed as an attribute, not an ini option: a URL may hold '%' (configparser interpolation).
-    config.attributes["database_url"] = url or database_url()
-    config.attributes["configure_logger"] = configure_logger
-    return config
-
-
-def upgrade(url: str | None = None, revision: str = "head", configure_logger: bool = True) -> None:
-    from alembic import command
-
-    command.upgrade(alembic_config(url, configure_logger), revision)
-
-
-def downgrade(url: str | None, revision: str, configure_logger: bool = True) -> None:
-    from alembic import command
-
-    command.downgrade(alembic_config(url, configure_logger), revision)
 
 
 def _database_error(err: Exception, url: str | None) -> Exception:
     from sqlalchemy.engine import make_url
 
-    from aligner.cli import UserError
+    from aligner.errors import AlignerError
     from webapp.db import database_url
 
     shown = make_url(url or database_url()).render_as_string(hide_password=True)
     reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
-    return UserError(f"database {shown}: {reason}")
+    return AlignerError(f"database {shown}: {reason}")
 
 
 def _cmd_db(args: argparse.Namespace) -> None:
     from sqlalchemy.exc import OperationalError
+
+    from webapp.migrate import downgrade, upgrade
 
     try:
         if args.db_command == "upgrade":
@@ -93,13 +60,9 @@ def _cmd_token(args: argparse.Namespace) -> None:
 
 
 def _cmd_up(args: argparse.Namespace) -> None:
-    from aligner.cli import UserError
-    from webapp.stack import StackError, run
+    from webapp.stack import run
 
-    try:
-        run(args)
-    except StackError as err:
-        raise UserError(str(err)) from None
+    run(args)
 
 
 def _cmd_ui(args: argparse.Namespace) -> None:

@@ -2,18 +2,30 @@
 
 The app keeps its queue in `app.extensions["aligner_queue"]` (config key JOB_QUEUE; default `CeleryQueue()`).
 Messages carry only the job's id; the worker reads everything else from the database.
+
+The names both sides agree on live here, in the service's data layer, so that the worker (worker/celery_app.py)
+imports them from the API's side and the API never imports the worker: the broker (env ALIGNER_BROKER_URL,
+default redis://127.0.0.1:6379/0), the queue (env ALIGNER_QUEUE, default `aligner`) and the task name.
 """
 
 from __future__ import annotations
 
+import os
+
+BROKER_URL = os.environ.get("ALIGNER_BROKER_URL", "redis://127.0.0.1:6379/0")
+QUEUE = os.environ.get("ALIGNER_QUEUE", "aligner")
 RUN_JOB_TASK = "aligner.run_job"
 
 
-class CeleryQueue:
-    """Sends the task `aligner.run_job(job_id)` through the workers' own Celery app (worker/celery_app.py).
+def send_run_job(celery_app, job_id: int, queue: str | None = None) -> None:
+    """Send the task `aligner.run_job(job_id)` through `celery_app` to `queue` (default QUEUE)."""
+    celery_app.send_task(RUN_JOB_TASK, args=[int(job_id)], queue=queue or QUEUE)
 
-    So the API uses the workers' broker (env ALIGNER_BROKER_URL, default redis://127.0.0.1:6379/0), queue (env
-    ALIGNER_QUEUE, default `aligner`) and serializer. The Celery app is imported on the first enqueue: the API starts,
+
+class CeleryQueue:
+    """Sends `aligner.run_job(job_id)` to the workers' broker and queue with JSON, as the workers expect.
+
+    Without `celery_app`, a sending-only Celery app for BROKER_URL is made on the first enqueue: the API starts,
     and its tests run, without a broker.
     """
 
@@ -21,9 +33,12 @@ class CeleryQueue:
         self._celery, self.queue = celery_app, queue
 
     def enqueue(self, job_id: int) -> None:
-        from worker.celery_app import QUEUE, app
+        if self._celery is None:
+            from celery import Celery
 
-        (self._celery or app).send_task(RUN_JOB_TASK, args=[int(job_id)], queue=self.queue or QUEUE)
+            self._celery = Celery("aligner", broker=BROKER_URL, set_as_current=False)
+            self._celery.conf.update(task_serializer="json", broker_connection_retry_on_startup=True)
+        send_run_job(self._celery, job_id, self.queue)
 
 
 class InMemoryQueue:

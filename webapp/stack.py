@@ -33,13 +33,15 @@ from pathlib import Path
 
 import requests
 
-from aligner.processes import free_port
+from aligner.errors import AlignerError
+from aligner.processes import free_port, signal_group
+from aligner.trainers.run_log import reward_change
 
 STACK_FILE = "stack.json"
 START_TIMEOUT_S = 120
 
 
-class StackError(RuntimeError):
+class StackError(AlignerError, RuntimeError):
     """A part of the stack that could not start; the message says which and where its log is."""
 
 
@@ -95,13 +97,13 @@ class Stack:
         """SIGTERM every child's process group (newest first), then SIGKILL what is left after a grace period."""
         for proc in reversed(list(self.children.values())):
             if proc.poll() is None:
-                _signal_group(proc, signal.SIGTERM)
+                signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + 30
         for proc in self.children.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(max(0.1, deadline - time.monotonic()))
         for proc in self.children.values():
-            _signal_group(proc, signal.SIGKILL)  # also any grandchild (a trainer) left in the group
+            signal_group(proc, signal.SIGKILL)  # also any grandchild (a trainer) left in the group
             proc.wait()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(_group_exists(p.pid) for p in self.children.values()):
@@ -109,14 +111,14 @@ class Stack:
 
     # ------------------------------------------------------------------------------------------- start
     def start(self) -> dict[str, str | None]:
-        from webapp import manage
+        from webapp import migrate
         from webapp.db import database_url
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         db_url = database_url(self.data_dir)
         self.env.update(ALIGNER_DATA_DIR=str(self.data_dir), ALIGNER_DATABASE_URL=db_url)
         _status(f"database {_safe_url(db_url)}: migrating")
-        manage.upgrade(db_url, configure_logger=False)
+        migrate.upgrade(db_url, configure_logger=False)
 
         broker = os.environ.get("ALIGNER_BROKER_URL")
         if not broker:
@@ -216,7 +218,7 @@ def run(args) -> None:
     if args.demo:
         demo_dir = data_dir / "demo_assets"
         if not (demo_dir / "reinforce.yaml").is_file() or not (demo_dir / "reward_model").is_dir():
-            from aligner.demo import build_demo_assets
+            from aligner.demo.assets import build_demo_assets
 
             _status(f"building the demo assets in {demo_dir} (about 75 s)")
             build_demo_assets(demo_dir)
@@ -264,20 +266,13 @@ def _job_summary(urls: dict, job: dict) -> str:
     values = _values(series, "train_rollouts/rewards")
     line = f"job {job['id']} {job['status']} at step {job['step']}"
     if len(values) >= 2:
-        n = min(5, len(values))
-        first, last = sum(values[:n]) / n, sum(values[-n:]) / n
-        line += f"; train reward (mean of {n} steps) {first:+.3f} first -> {last:+.3f} last"
+        line += f"; {reward_change(values)}"
     return line
 
 
 def _values(body: dict, name: str) -> list[float]:
     """Metric values in step order from the metrics endpoint's body (`{"metrics": {name: [[step, value], ...]}}`)."""
     return [float(value) for _, value in sorted(body["metrics"].get(name, []))]
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
 
 
 def _group_exists(pgid: int) -> bool:

@@ -35,6 +35,8 @@ import pandas as pd
 import requests
 import yaml
 
+from aligner.errors import AlignerError
+
 REFRESH_S = 2.0
 TIMEOUT_S = 10
 FINAL = ("succeeded", "failed", "cancelled")
@@ -126,7 +128,7 @@ EVENT_KINDS_SHOWN = ("status", "checkpoint", "log")  # metrics and samples event
 
 
 # ------------------------------------------------------------------------------------------------ the API
-class ApiError(RuntimeError):
+class ApiError(AlignerError, RuntimeError):
     """A refused or failed request: `status` (0: unreachable), the API's message and its per-field errors."""
 
     def __init__(self, status: int, message: str, errors: dict[str, list[str]] | None = None):

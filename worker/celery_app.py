@@ -27,9 +27,9 @@ import threading
 
 from celery import Celery, signals
 
-BROKER_URL = os.environ.get("ALIGNER_BROKER_URL", "redis://127.0.0.1:6379/0")
-QUEUE = os.environ.get("ALIGNER_QUEUE", "aligner")
-RUN_JOB = "aligner.run_job"
+from webapp.queues import BROKER_URL, QUEUE, send_run_job
+from worker.runner import Settings, requeue_stale_jobs
+
 VISIBILITY_TIMEOUT = int(os.environ.get("ALIGNER_VISIBILITY_TIMEOUT", 12 * 3600))
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ app.conf.update(
 
 def enqueue_job(job_id: int, queue: str | None = None) -> None:
     """Send `aligner.run_job(job_id)`; the API calls this after it commits a queued Job row."""
-    app.send_task(RUN_JOB, args=[int(job_id)], queue=queue or QUEUE)
+    send_run_job(app, job_id, queue)
 
 
 # ------------------------------------------------------------------------------------------------- recovery sweep
@@ -66,8 +66,6 @@ _sweeper_stop = threading.Event()
 
 def _sweep_once() -> None:
     from sqlalchemy.exc import SQLAlchemyError
-
-    from worker.runner import requeue_stale_jobs
 
     try:
         for job_id, status in requeue_stale_jobs(send=enqueue_job):
@@ -86,8 +84,6 @@ def _sweeper(interval: float) -> None:
 @signals.worker_ready.connect
 def _start_sweeper(**_kwargs) -> None:
     """At start, recover the jobs of lost workers, then keep sweeping from a daemon thread (main process)."""
-    from worker.runner import Settings
-
     _sweep_once()
     _sweeper_stop.clear()
     interval = Settings.from_env().sweep_interval

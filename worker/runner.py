@@ -63,8 +63,10 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from aligner.processes import ServerStartError, die_with_parent, launch_critic_server, stop_server
+from aligner.errors import ServerStartError
+from aligner.processes import die_with_parent
 from aligner.run_layout import checkpoint_steps, critic_checkpoint
+from aligner.servers.launch import launch_critic_server, stop_server
 from webapp.db import (
     CANCELLED,
     CANCELLING,
@@ -719,19 +721,18 @@ def run_job(job_id: int, settings: Settings | None = None, factory: sessionmaker
 def requeue_stale_jobs(
     settings: Settings | None = None,
     factory: sessionmaker[Session] | None = None,
-    send: Callable[[int], Any] | None = None,
+    *,
+    send: Callable[[int], Any],
 ) -> list[tuple[int, str]]:
     """Recover jobs whose worker was lost (heartbeat older than the lease timeout): [(job id, new status)].
 
-    running -> queued and `send(job_id)` (default: send the `aligner.run_job` task); after `max_attempts`
+    running -> queued and `send(job_id)` (the worker passes its `enqueue_job`); after `max_attempts`
     starts -> failed; cancelling -> cancelled. Each job is claimed with a conditional UPDATE, so concurrent sweeps
     of several workers recover it once. The task is sent before the commit: if the commit fails, the task finds
     the stale lease and takes the job over anyway.
     """
     settings = settings or Settings.from_env()
     factory = factory or session_factory(settings.database_url)
-    if send is None:
-        from worker.celery_app import enqueue_job as send
     stale = or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < _stale_before(settings))
     with session_scope(factory) as session:
         candidates = list(session.scalars(select(Job.id).where(Job.status.in_((RUNNING, CANCELLING)), stale)))

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from sqlalchemy.exc import OperationalError
 
-from worker.celery_app import RUN_JOB, app
+from webapp.queues import RUN_JOB_TASK
+from worker.celery_app import app
+from worker.runner import run_job as run
 
 
-@app.task(bind=True, name=RUN_JOB, max_retries=None)
+@app.task(bind=True, name=RUN_JOB_TASK, max_retries=None)
 def run_job(self, job_id: int) -> dict:
     """Run training job `job_id`: lease, launch the trainer, follow it into SQL, record the end (or stand down).
 
     While the database is unreachable the task is sent again later (every 5 s, doubling up to 60 s): a queued job
     never loses its message to an outage. A job left running meanwhile is resumed from its last checkpoint.
     """
-    from worker.runner import run_job as run
-
     try:
         return run(int(job_id))
     except OperationalError as err:

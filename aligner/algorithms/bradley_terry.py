@@ -16,7 +16,7 @@ pairs the model orders correctly (chosen strictly above rejected; a tie counts a
 
 Run the tests with::
 
-    .venv/bin/python -m pytest tests/algorithms -q
+    .venv/bin/python -m pytest tests/aligner/algorithms -q
 """
 
 from __future__ import annotations

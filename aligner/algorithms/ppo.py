@@ -22,7 +22,7 @@ the response tokens, right-padded, with a mask marking the valid ones; the funct
 change of their inputs), and masked positions may hold any value (``inf``, ``NaN``): they reach neither the results
 nor the gradients. Run the tests with::
 
-    .venv/bin/python -m pytest tests/algorithms/test_ppo.py -q
+    .venv/bin/python -m pytest tests/aligner/algorithms/test_ppo.py -q
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ tokens of the batch ("token_mean").
 Every function is pure (no state, no in-place change of its inputs), works on the device of its inputs and returns
 the floating dtype of its main input. Run the tests with::
 
-    .venv/bin/python -m pytest tests/algorithms -q
+    .venv/bin/python -m pytest tests/aligner/algorithms -q
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-from tests.webapp.databases import database_url
+from tests.helpers.databases import database_url
 from webapp.db import Base, make_engine
-from webapp.manage import downgrade, upgrade
+from webapp.migrate import downgrade, upgrade
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])

@@ -1,7 +1,7 @@
 """Fixtures of the REST API tests: `app` (SQLite file, or PostgreSQL for tests parametrised with `backend`),
 `client`, `token` / `other_token` (two users), a valid job `config`, and `db_session` to insert rows directly.
 
-    @both_backends    # (tests/webapp/helpers.py) runs the test on SQLite and on a fresh PostgreSQL schema
+    @both_backends    # (tests/helpers/api.py) runs the test on SQLite and on a fresh PostgreSQL schema
     def test_x(client, token, config): ...
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.webapp.databases import database_url
-from tests.webapp.helpers import PROMPTS
+from tests.helpers.api import PROMPTS
+from tests.helpers.databases import database_url
 from webapp import create_app
 from webapp.db import create_token, session_scope
 from webapp.extensions import db

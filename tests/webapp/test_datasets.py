@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 
-from tests.webapp.helpers import PROMPTS, bearer, both_backends
+from tests.helpers.api import PROMPTS, bearer, both_backends
 
 
 def upload(client, token, content: bytes, filename: str = "prompts.jsonl", **form):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aligner.config import ConfigError
+from aligner.errors import ConfigError
 from webapp.job_config import MAX_REASON_CHARS, config_errors, validate_job_config
 
 

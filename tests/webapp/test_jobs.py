@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from tests.webapp.helpers import bearer, both_backends, create_job
+from tests.helpers.api import bearer, both_backends, create_job
 from webapp.db import Checkpoint, Event, Job, Metric, Sample
 
 

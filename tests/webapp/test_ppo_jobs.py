@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.webapp.helpers import bearer, both_backends, create_job
+from tests.helpers.api import bearer, both_backends, create_job
 
 
 def ppo(config: dict, **critic) -> dict:

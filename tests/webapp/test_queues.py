@@ -20,7 +20,7 @@ def test_in_memory_queue_records_ids():
 
 def test_celery_queue_sends_the_run_job_task_to_redis():
     redis = pytest.importorskip("redis")
-    from worker.celery_app import BROKER_URL
+    from webapp.queues import BROKER_URL
 
     client = redis.Redis.from_url(BROKER_URL, socket_connect_timeout=2)
     try:

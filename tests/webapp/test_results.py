@@ -8,7 +8,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from tests.webapp.helpers import bearer, both_backends, create_job
+from tests.helpers.api import bearer, both_backends, create_job
 from webapp.db import Checkpoint, Job, Metric, Sample, add_event, transition
 
 

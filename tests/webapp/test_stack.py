@@ -63,7 +63,7 @@ def service_env(request):
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"Redis at {REDIS_URL} is unreachable: {err}")
         pytest.skip(f"Redis at {REDIS_URL} is unreachable: {err}")
-    from tests.webapp.databases import postgres_schema
+    from tests.helpers.databases import postgres_schema
 
     with postgres_schema() as url:
         queue = f"aligner-test-{uuid.uuid4().hex[:8]}"
@@ -75,7 +75,7 @@ def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_di
     data_dir = tmp_path / "data"
     env = service_env
     cmd = [sys.executable, "-m", "aligner.cli", "up", "--data-dir", str(data_dir),
-           "--reward-function", "tests.test_trainer:letter_reward"]  # fmt: skip
+           "--reward-function", "tests.helpers.rewards:letter_reward"]  # fmt: skip
     up = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         stack = _wait_for(data_dir / "stack.json", up)

@@ -56,7 +56,7 @@ def stack(tmp_path):
     data_dir = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if k not in ("ALIGNER_DATABASE_URL", "ALIGNER_BROKER_URL")}
     cmd = [sys.executable, "-m", "aligner.cli", "up", "--data-dir", str(data_dir),
-           "--reward-function", "tests.test_trainer:letter_reward"]  # fmt: skip
+           "--reward-function", "tests.helpers.rewards:letter_reward"]  # fmt: skip
     up = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 180

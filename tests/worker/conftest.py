@@ -124,7 +124,7 @@ def job_config(tiny_policy_dir, prompt_files) -> Callable[..., dict[str, Any]]:
         config = {
             "model": {"policy_path": str(tiny_policy_dir), "num_threads": 1},
             "data": {"train_file": str(prompt_files[0]), "val_file": str(prompt_files[1])},
-            "reward": {"function": "tests.test_trainer:letter_reward"},
+            "reward": {"function": "tests.helpers.rewards:letter_reward"},
             # Jobs of 500 steps (cancelled early) would otherwise compile the decode step (generation.compile=auto).
             "generation": {"max_new_tokens": 8, "compile": False},
             "reinforce": {"num_prompts_per_step": 4, "num_rollouts_per_prompt": 2, "baseline": "none"},

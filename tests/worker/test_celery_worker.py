@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from tests.worker.conftest import PgSchema, Service, create_job, wait_for
 from webapp.db import Checkpoint, Event, Job, Metric, Sample, session_scope, transition, utcnow
 
-PACED = {"function": "tests.worker.rewards:paced_letter_reward"}  # >= 0.1 s a step: a test can act between steps
+PACED = {"function": "tests.helpers.rewards:paced_letter_reward"}  # >= 0.1 s a step: a test can act between steps
 
 
 def metric_counts(factory, job_id) -> dict[tuple[int, str], int]:

@@ -220,7 +220,7 @@ def test_a_requeued_job_kills_a_lost_workers_critic_and_restores_the_checkpoints
 ):
     """A worker SIGKILLed mid-job leaves its critic server (and critic.pid); the job's next run kills it, starts a new
     server from the critic of the checkpoint it resumes from, and the trainer resumes."""
-    from aligner.critic_server import Critic, CriticServerConfig
+    from aligner.servers.critic_server import Critic, CriticServerConfig
 
     run_dir = tmp_path / "run"
     checkpoint = run_dir / "checkpoints" / "step_2"
@@ -263,7 +263,7 @@ def test_a_critic_server_that_does_not_start_fails_the_job_naming_its_log(factor
 
 @pytest.mark.slow
 def test_a_ppo_job_with_its_own_critic_server_url_gets_none_started(factory, tmp_path, fake_trainer, ppo_config):
-    from aligner.processes import launch_critic_server, stop_server
+    from aligner.servers.launch import launch_critic_server, stop_server
 
     run_dir = tmp_path / "run"
     proc, url = launch_critic_server(

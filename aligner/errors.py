@@ -1,0 +1,48 @@
+"""Aligner's errors: one base, `AlignerError`, for everything a user can fix.
+
+The `aligner` command prints an `AlignerError` as one line, `aligner COMMAND: error: MESSAGE`, and exits with
+status 2 (aligner/cli.py); anything else is a bug and keeps its traceback. Each subclass also derives from the
+built-in exception it replaces, so code that catches `ValueError` or `RuntimeError` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class AlignerError(Exception):
+    """An error caused by the user's input or environment: printed as a message, never as a traceback."""
+
+
+class ConfigError(AlignerError, ValueError):
+    """A configuration that cannot be used; the message names each bad field and why."""
+
+
+class PromptDataError(AlignerError, ValueError):
+    """A prompt file that cannot be used; the message names the file, the line and the reason."""
+
+
+class PreferenceDataError(PromptDataError):
+    """A preference file that cannot be used; the message names the file, the line and the reason."""
+
+
+class ModelFolderError(AlignerError, FileNotFoundError):
+    """A model, tokenizer or checkpoint folder that is missing or is not what it should be."""
+
+
+class GGUFImportError(AlignerError):
+    """The GGUF file cannot be imported (ambiguous source, unsupported model, occupied output folder...)."""
+
+
+class RewardError(AlignerError, RuntimeError):
+    """A reward source that cannot be used or returned unusable values."""
+
+
+class CriticError(AlignerError, RuntimeError):
+    """A critic server that cannot be reached, refused a request or answered something unusable."""
+
+
+class ServerStartError(AlignerError, RuntimeError):
+    """A child server that exited or did not become ready; the message names its log."""
+
+
+class RunDirError(AlignerError, RuntimeError):
+    """A run directory that does not fit the request (existing checkpoints without --resume, ...)."""

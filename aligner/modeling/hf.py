@@ -1,0 +1,72 @@
+"""Policy and tokenizer loading/saving in Hugging Face format, the frozen reference policy, and log-probs.
+
+A policy folder is a plain Hugging Face folder (config.json + safetensors); what Aligner saves loads with
+`AutoModelForCausalLM.from_pretrained(folder)` and nothing else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from aligner.errors import ModelFolderError
+from aligner.modeling.device import DTYPES
+
+
+def check_model_dir(path: str | Path, what: str = "policy") -> Path:
+    """Fail early, with the path in the message, when a folder is not a Hugging Face model folder."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelFolderError(f"{what} folder not found: {path}")
+    if not (path / "config.json").is_file():
+        raise ModelFolderError(f"{what} folder {path} has no config.json: not a Hugging Face model folder")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise ModelFolderError(f"{what} folder {path} has no weights (*.safetensors)")
+    return path
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if tokenizer.pad_token_id is None:
+        # Padding positions are always masked, so any id works; EOS is the usual choice.
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_policy(
+    path: str | Path, dtype: str = "float32", device: str | torch.device = "cpu", attn_implementation: str = "eager"
+) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    check_model_dir(path)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=DTYPES[dtype], attn_implementation=attn_implementation
+    )
+    return model.to(device)
+
+
+def save_policy(model: nn.Module, tokenizer, out_dir: str | Path) -> None:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out_dir))
+
+
+def eos_token_ids(model: nn.Module, tokenizer) -> list[int]:
+    """Every id that ends a response: the generation config's EOS ids plus the tokenizer's."""
+    ids: set[int] = set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (gen_eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value is not None:
+            ids.update(int(v) for v in value)
+    if not ids:
+        raise ValueError("the tokenizer and the model define no EOS token: responses could never end")
+    return sorted(ids)

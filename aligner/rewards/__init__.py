@@ -1,0 +1,1 @@
+"""Rewards: the interface trainers call, local sources (a function, a reward model), the reward-server client."""

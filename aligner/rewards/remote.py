@@ -1,0 +1,94 @@
+"""`RemoteRewardClient`: rewards from a Triton reward server (Aligner's or NeMo-Aligner's), split into batches the
+server accepts, retried on transient failures.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import requests
+import torch
+
+from aligner.errors import RewardError
+from aligner.rewards.http import normalize_url, request_json
+from aligner.rewards.interface import check_rewards
+
+
+class RemoteRewardClient:
+    def __init__(
+        self,
+        url: str,
+        model_name: str = "reward_model",
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_concurrency: int = 4,
+        sentences_only: bool = False,
+    ):
+        self.url = normalize_url(url)
+        self.model_name, self.timeout_s = model_name, timeout_s
+        self.max_retries, self.backoff_s, self.sentences_only = max_retries, backoff_s, sentences_only
+        self.session = requests.Session()
+        # Two pools: a submitted scoring job waits on its chunks, which must never queue behind other jobs.
+        self.pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="reward-client")
+        self.chunk_pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="reward-chunks")
+        self.max_batch_size = self._model_max_batch_size()
+
+    # --------------------------------------------------------------------------------------------- HTTP
+    def _request(self, method: str, path: str, payload: dict | None = None) -> dict:
+        return request_json(
+            self.session, self.url, method, path, payload, self.timeout_s, self.max_retries, self.backoff_s
+        )
+
+    def _model_max_batch_size(self) -> int:
+        config = self._request("GET", f"/v2/models/{self.model_name}/config")
+        return int(config.get("max_batch_size") or 0)  # 0: the model takes no batch dimension limit
+
+    # --------------------------------------------------------------------------------------------- scoring
+    def _infer(self, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]) -> list[float]:
+        n = len(prompts)
+        if self.sentences_only:
+            inputs = [bytes_input("sentences", [p + r for p, r in zip(prompts, responses)])]
+        else:
+            inputs = [
+                bytes_input("prompts", prompts),
+                bytes_input("responses", responses),
+                bytes_input("metadata", [json.dumps(m or {}) for m in metadata]),
+            ]
+        out = self._request("POST", f"/v2/models/{self.model_name}/infer", {"inputs": inputs})
+        rewards = next((o for o in out.get("outputs", []) if o.get("name") == "rewards"), None)
+        if rewards is None:
+            raise RewardError(f"reward server {self.url} answered without a 'rewards' output: {out}")
+        if len(rewards["data"]) != n:
+            raise RewardError(f"reward server {self.url} returned {len(rewards['data'])} rewards for {n} samples")
+        return rewards["data"]
+
+    def score(self, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]] | None = None):
+        """Rewards [B] (float32), in chunks of the server's max batch size sent concurrently."""
+        metadata = metadata or [{}] * len(prompts)
+        if len(prompts) != len(responses) or len(metadata) != len(prompts):
+            raise ValueError("prompts, responses and metadata must have the same length")
+        if not prompts:
+            return torch.zeros(0)
+        step = self.max_batch_size or len(prompts)
+        chunks = [slice(i, i + step) for i in range(0, len(prompts), step)]
+        if len(chunks) == 1:
+            values = self._infer(prompts, responses, metadata)
+        else:
+            futures = [self.chunk_pool.submit(self._infer, prompts[c], responses[c], metadata[c]) for c in chunks]
+            values = [v for f in futures for v in f.result()]
+        return check_rewards(values, len(prompts), f"reward server {self.url}")
+
+    def submit(self, prompts, responses, metadata) -> Future:
+        return self.pool.submit(self.score, list(prompts), list(responses), list(metadata))
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.chunk_pool.shutdown(wait=False, cancel_futures=True)
+        self.session.close()
+
+
+def bytes_input(name: str, values: list[str]) -> dict:
+    return {"name": name, "shape": [len(values), 1], "datatype": "BYTES", "data": values}

@@ -1,0 +1,202 @@
+"""`RemoteCriticClient`: the PPO trainer's client of `aligner serve-critic` (Triton's HTTP/KServe-v2 protocol).
+
+    critic = RemoteCriticClient("http://127.0.0.1:5556")
+    future = critic.infer(tokens, lengths)        # returns at once: compute the actor's log-probs meanwhile
+    values, rewards = future.result()             # [B, S] and [B] (None when the server serves no rewards)
+    loss = critic.train(tokens, lengths, returns, prev_values, mask)     # one optimiser step of the critic
+    critic.save("/abs/run/checkpoints/step_10/critic.pt")                # restart with --checkpoint to resume
+
+Inference is split into requests of the server's `max_batch_size` rows sent concurrently; a training step is never
+split (it is one optimiser step) and is refused if larger than the server's `train_max_batch_size`. Every request
+has a timeout and bounded retries with exponential backoff (aligner.reward_client.request_json): a request the
+server refuses (HTTP 4xx, or an error it marks "bad request: ") is not retried, nor is a training step that may
+have reached the server (a retry could apply it twice). Errors are `CriticError`s naming the URL. Shapes are
+checked here first, so a wrong call fails at once with a ValueError. Tested by
+
+    .venv/bin/python -m pytest tests/aligner/servers/test_critic_server.py -q
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import requests
+import torch
+
+from aligner.errors import CriticError
+from aligner.rewards.http import normalize_url, request_json
+
+
+def _array(value, dtype) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value).astype(dtype, copy=False)
+
+
+def _check_tokens(tokens, lengths) -> tuple[np.ndarray, np.ndarray]:
+    tokens, lengths = _array(tokens, np.int64), _array(lengths, np.int64).reshape(-1)
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be [B, S]; got shape {list(tokens.shape)}")
+    if lengths.shape[0] != tokens.shape[0]:
+        raise ValueError(f"got {tokens.shape[0]} rows of tokens but {lengths.shape[0]} lengths")
+    if tokens.shape[0] and ((lengths < 1).any() or (lengths > tokens.shape[1]).any()):
+        raise ValueError(f"lengths must lie in [1, {tokens.shape[1]}] (the width of tokens)")
+    return tokens, lengths
+
+
+def _tensor(name: str, datatype: str, values: np.ndarray) -> dict:
+    return {"name": name, "shape": list(values.shape), "datatype": datatype, "data": values.reshape(-1).tolist()}
+
+
+class RemoteCriticClient:
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        train_timeout_s: float = 600.0,
+        max_concurrency: int = 4,
+    ):
+        self.url = normalize_url(url)
+        self.timeout_s, self.train_timeout_s = timeout_s, train_timeout_s
+        self.max_retries, self.backoff_s = max_retries, backoff_s
+        self.session = requests.Session()
+        # Two pools: a submitted inference waits on its chunks, which must never queue behind other inferences.
+        self.pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="critic-client")
+        self.chunk_pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="critic-chunks")
+        infer_config = self._request("GET", "/v2/models/critic_infer/config")
+        self.max_batch_size = int(infer_config.get("max_batch_size") or 0)
+        self.serves_rewards = any(o.get("name") == "rewards" for o in infer_config.get("output", []))
+        train_config = self._request("GET", "/v2/models/critic_train/config")
+        self.train_max_batch_size = int(train_config.get("max_batch_size") or 0)
+
+    def _request(
+        self, method: str, path: str, payload: dict | None = None, timeout_s: float | None = None, idempotent=True
+    ) -> dict:
+        return request_json(
+            self.session,
+            self.url,
+            method,
+            path,
+            payload,
+            timeout_s or self.timeout_s,
+            self.max_retries,
+            self.backoff_s,
+            server="critic server",
+            command="aligner serve-critic",
+            error=CriticError,
+            idempotent=idempotent,
+        )
+
+    def _outputs(self, answer: dict, names: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+        found = {o.get("name"): o for o in answer.get("outputs", [])}
+        out = {}
+        for name, shape in names.items():
+            if name not in found:
+                raise CriticError(f"critic server {self.url} answered without a {name!r} output")
+            values = np.asarray(found[name].get("data", []), dtype=np.float32)
+            if values.size != int(np.prod(shape)):
+                raise CriticError(f"critic server {self.url} returned {values.size} {name} for shape {list(shape)}")
+            if not np.isfinite(values).all():
+                raise CriticError(f"critic server {self.url} returned non-finite {name}")
+            out[name] = values.reshape(shape)
+        return out
+
+    # --------------------------------------------------------------------------------------------- inference
+    def _infer_chunk(self, tokens: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        inputs = [_tensor("tokens", "INT64", tokens), _tensor("sequence_lengths", "INT64", lengths[:, None])]
+        answer = self._request("POST", "/v2/models/critic_infer/infer", {"inputs": inputs})
+        names = {"values": tokens.shape}
+        if self.serves_rewards:
+            names["rewards"] = (tokens.shape[0],)
+        out = self._outputs(answer, names)
+        return out["values"], out.get("rewards")
+
+    def _infer(self, tokens: np.ndarray, lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
+        step = self.max_batch_size or len(tokens)
+        chunks = [slice(i, i + step) for i in range(0, len(tokens), step)]
+        if len(chunks) == 1:
+            parts = [self._infer_chunk(tokens, lengths)]
+        else:
+            futures = [self.chunk_pool.submit(self._infer_chunk, tokens[c], lengths[c]) for c in chunks]
+            parts = [f.result() for f in futures]
+        values = torch.from_numpy(np.concatenate([v for v, _ in parts]))
+        rewards = torch.from_numpy(np.concatenate([r for _, r in parts])) if self.serves_rewards else None
+        return values, rewards
+
+    def infer(self, tokens, lengths) -> Future:
+        """Start inference; the future gives ``(values [B, S], rewards [B] or None)``, float32 CPU tensors.
+
+        ``tokens`` [B, S] (int, right-padded; any padding value) and ``lengths`` [B] or [B, 1] (each in [1, S]).
+        ``values[b, t]`` is the value of the prefix ``tokens[b, :t + 1]``, 0 past the length. ``rewards`` come
+        when the server combines the reward model (its default). Shapes are checked before this returns.
+        """
+        tokens, lengths = _check_tokens(tokens, lengths)
+        if not len(tokens):
+            done: Future = Future()
+            done.set_result((torch.zeros(tokens.shape), torch.zeros(0) if self.serves_rewards else None))
+            return done
+        return self.pool.submit(self._infer, tokens, lengths)
+
+    # --------------------------------------------------------------------------------------------- training
+    def train(self, tokens, lengths, returns, prev_values, mask) -> float:
+        """One optimiser step of the critic on this batch (never split); returns the batch's value loss.
+
+        ``returns``, ``prev_values`` and ``mask`` are [B, S] like ``tokens`` (or [B, S - 1], NeMo-Aligner's layout,
+        the last position dropped): position t belongs to the prefix ``tokens[:, :t + 1]``. Entries where the mask
+        is 0 are sent as 0, whatever they hold.
+        """
+        tokens, lengths = _check_tokens(tokens, lengths)
+        b, s = tokens.shape
+        if not 0 < b <= (self.train_max_batch_size or b):
+            raise ValueError(
+                f"a critic training step takes 1 to {self.train_max_batch_size} rows (the server's "
+                f"train_max_batch_size; a step is never split); got {b}"
+            )
+        mask = _array(mask, np.float32)
+        targets = {"returns": _array(returns, np.float32), "prev_values": _array(prev_values, np.float32)}
+        for name, values in {**targets, "mask": mask}.items():
+            if values.ndim != 2 or values.shape[0] != b or values.shape[1] not in (s, s - 1):
+                raise ValueError(f"{name} must be [B, S] = [{b}, {s}] (or [{b}, {s - 1}]); got {list(values.shape)}")
+            if values.shape != mask.shape:
+                raise ValueError(f"{name} {list(values.shape)} and mask {list(mask.shape)} differ in shape")
+        if not np.isfinite(mask).all() or (mask < 0).any():
+            raise ValueError("mask must hold finite weights >= 0")
+        inputs = [_tensor("tokens", "INT64", tokens), _tensor("sequence_lengths", "INT64", lengths[:, None])]
+        for name, values in targets.items():
+            values = np.where(mask != 0, values, 0).astype(np.float32)
+            if not np.isfinite(values).all():
+                raise ValueError(f"{name} must be finite where the mask is set")
+            inputs.append(_tensor(name, "FP32", values))
+        inputs.append(_tensor("mask", "FP32", mask))
+        answer = self._request(
+            "POST", "/v2/models/critic_train/infer", {"inputs": inputs}, self.train_timeout_s, idempotent=False
+        )
+        return float(self._outputs(answer, {"loss": (b, 1)})["loss"][0, 0])
+
+    def save(self, path: str | Path) -> Path:
+        """Have the server write its critic (weights, optimiser state, step count) to ``path``; a relative path is
+        made absolute against this process's working directory (the server writes on its own file system). A
+        folder gets ``critic.pt`` inside. Returns the file written."""
+        target = os.path.abspath(path) + (os.sep if str(path).endswith(("/", os.sep)) else "")
+        payload = {"inputs": [{"name": "path", "shape": [1, 1], "datatype": "BYTES", "data": [target]}]}
+        answer = self._request("POST", "/v2/models/critic_save/infer", payload, self.train_timeout_s)
+        written = next((o for o in answer.get("outputs", []) if o.get("name") == "path"), None)
+        if written is None or len(written.get("data", [])) != 1:
+            raise CriticError(f"critic server {self.url} answered critic_save without the path written: {answer}")
+        return Path(written["data"][0])
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.chunk_pool.shutdown(wait=False, cancel_futures=True)
+        self.session.close()
+
+    def __enter__(self) -> RemoteCriticClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,325 @@
+"""The PPO trainer: NeMo-Aligner's actor-critic RLHF loop, on the REINFORCE trainer's machinery.
+
+    aligner train --config demo_assets/ppo.yaml            # starts its own critic server (critic.model_path)
+    aligner train --config demo_assets/ppo.yaml --resume   # the critic restarts from the checkpoint's critic
+
+`algorithm: ppo` in a config picks this trainer; everything but the rollout and the update is `ReinforceTrainer`'s
+(data, generation, reference, validation, checkpoints, signals, metrics). A step: sample responses, send the
+[prompt | response] rows to the critic server's critic_infer (values, and rewards with critic.use_critic_rewards)
+and compute the reference log-probs while it works, then the per-token rewards with the KL penalty, GAE advantages
+and returns (aligner/algorithms/ppo.py), and one update of each side: the actor on the clipped-ratio loss over the
+rollout in micro-batches (one optimiser step, NeMo-Aligner's default of one PPO epoch), the critic by one
+critic_train request that runs on the server while the actor trains. A checkpoint holds the critic too
+(`<checkpoint>/critic/critic.pt`, written by the server through critic_save), so a resumed run is exact.
+
+The critic server is either started here from `critic.model_path` (and stopped at the end), or external
+(`critic.server_url`, as the service's worker runs it); an external one must be restarted from
+`critic_checkpoint(run_dir)` before a --resume. PPO runs as one process: torchrun with more is refused.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aligner import distributed
+from aligner.algorithms.ppo import (
+    entropy_from_logits,
+    gae,
+    normalize_advantages,
+    per_token_rewards,
+    ppo_actor_loss,
+)
+from aligner.algorithms.reinforce import kl_penalty, masked_mean
+from aligner.data.prompts import PromptDataset
+from aligner.errors import ConfigError
+from aligner.generation.generator import GenerationOutput
+from aligner.modeling.batches import ResponseBatch
+from aligner.modeling.logprobs import grouped_response_logits, token_logprobs
+from aligner.run_layout import CRITIC_DIR, CRITIC_LOG, checkpoint_steps, critic_checkpoint
+from aligner.trainers.critic_client import RemoteCriticClient
+from aligner.trainers.reinforce import ReinforceTrainer, sample_rows
+
+
+@dataclass
+class PPORollout:
+    """One step's samples with everything both updates need; [B, T] tensors are over the response tokens."""
+
+    batch: ResponseBatch
+    mask: torch.Tensor  # [B, T] float, valid response tokens
+    old_logprobs: torch.Tensor  # the sampling policy's
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    values: torch.Tensor  # the critic's at rollout time (prev_values of critic_train)
+    critic_tokens: torch.Tensor  # [B, S] [prompt | response] rows, right-padded, as the critic reads them
+    critic_lengths: torch.Tensor  # [B]
+    positions: torch.Tensor  # [B, T] column of critic_tokens whose value belongs to each response token
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def critic_rows(gen: GenerationOutput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens [B, S], lengths [B], positions [B, T]): the samples as right-padded [prompt | response] rows.
+
+    The value of response token j is the critic's value of the prefix before it, `values[b, P_b + j - 1]` (P_b the
+    prompt's length), the state in which the policy chose that token.
+    """
+    ids = torch.cat([gen.prompt_ids, gen.response_ids], dim=1).cpu()
+    valid = torch.cat([gen.prompt_mask, gen.response_mask], dim=1).cpu()
+    # A stable sort of the padding flags moves each row's real tokens to its front, in order.
+    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
+    lengths = valid.sum(1)
+    width = int(lengths.max())
+    tokens = (ids.gather(1, order) * valid.gather(1, order))[:, :width]
+    prompt_lengths = gen.prompt_mask.sum(1).cpu()
+    t = gen.response_ids.shape[1]
+    positions = (prompt_lengths[:, None] - 1 + torch.arange(t)[None, :]).clamp(0, width - 1)
+    return tokens, lengths, positions
+
+
+class PPOTrainer(ReinforceTrainer):
+    def __init__(self, config):
+        super().__init__(config)
+        self.critic: RemoteCriticClient | None = None
+        self.critic_process = None
+        self._critic_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="critic")
+
+    # ----------------------------------------------------------------------------------------------- setup
+    def setup(self, resume: bool = False) -> None:
+        cfg = self.config
+        if cfg.algorithm != "ppo":
+            raise ConfigError(f"PPOTrainer runs algorithm: ppo configs; this one has algorithm: {cfg.algorithm}")
+        if distributed.env_world_size() > 1:
+            raise ConfigError(
+                "algorithm: ppo runs as one process (its critic server takes one update per step): "
+                "run `aligner train` without torchrun, or use algorithm: reinforce for data parallelism"
+            )
+        if cfg.model.backend != "hf":
+            raise ConfigError("algorithm: ppo trains with model.backend: hf only")
+        steps = checkpoint_steps(self.run_dir) if resume else {}
+        checkpoint = critic_checkpoint(self.run_dir, max(steps)) if steps else None
+        if steps and checkpoint is None:
+            raise ConfigError(f"the newest checkpoint in {self.run_dir} has no {CRITIC_DIR}/: not a PPO checkpoint")
+        launching = None
+        if not cfg.critic.server_url:
+            # The server loads its models while this process loads its own: the two startups overlap. Launched from
+            # the long-lived critic thread: the server is tied to the life of the thread that started it
+            # (PR_SET_PDEATHSIG in launch_critic_server), and that thread lives until `close`.
+            launching = self._critic_pool.submit(self._launch_critic, checkpoint)
+        try:
+            super().setup(resume=resume)
+            url = launching.result() if launching else cfg.critic.server_url
+            self.critic = RemoteCriticClient(url, timeout_s=cfg.critic.timeout_s, max_retries=cfg.critic.max_retries)
+            if cfg.critic.use_critic_rewards and not self.critic.serves_rewards:
+                raise ConfigError(
+                    f"critic.use_critic_rewards: the critic server at {url} serves no rewards "
+                    "(start it with combine_rm_and_critic_server: true)"
+                )
+        except BaseException:
+            if launching is not None:
+                launching.exception()  # a server still starting is stopped once it is up
+            self.close()
+            raise
+        if checkpoint is not None and cfg.critic.server_url:
+            print(
+                f"WARNING: resuming with the external critic server {cfg.critic.server_url}: it must have been "
+                f"restarted from {checkpoint} (aligner serve-critic --checkpoint {checkpoint}), or the critic "
+                "does not continue where the policy does",
+                file=sys.stderr,
+            )
+
+    def _launch_critic(self, checkpoint: Path | None) -> str:
+        from aligner.servers.launch import launch_critic_server
+
+        cfg = self.config.critic
+        proc, url = launch_critic_server(
+            cfg.model_path, self.run_dir / CRITIC_LOG, checkpoint=checkpoint, overrides=cfg.server_overrides
+        )
+        self.critic_process = proc
+        atexit.register(self.close)  # a run that dies without fit's cleanup must not leave the server behind
+        return url
+
+    def close(self) -> None:
+        """Stop the critic client, and the critic server if this trainer started it (idempotent)."""
+        from aligner.servers.launch import stop_server
+
+        if self.critic is not None:
+            self.critic.close()
+            self.critic = None
+        if self.critic_process is not None:
+            stop_server(self.critic_process)
+            self.critic_process = None
+
+    def fit(self, until_step: int | None = None) -> None:
+        try:
+            super().fit(until_step)
+        finally:
+            self.close()
+
+    # ----------------------------------------------------------------------------------------------- rewards
+    def _score(self, gen: GenerationOutput, data: PromptDataset, prompt_indices: list[int]):
+        if not self.config.critic.use_critic_rewards:
+            return super()._score(gen, data, prompt_indices)
+        prompts = [data.texts[prompt_indices[g]] for g in gen.group_ids.tolist()]
+        tokens, lengths, _ = critic_rows(gen)
+        return prompts, _then(self.critic.infer(tokens, lengths), lambda out: out[1])
+
+    # ----------------------------------------------------------------------------------------------- rollout
+    def rollout(self, prompt_indices: list[int], data: PromptDataset) -> PPORollout:
+        cfg, ppo = self.config, self.config.ppo
+        with self.timers.time("generate"):
+            gen = self.generator.generate(
+                [data.token_ids[i] for i in prompt_indices],
+                cfg.reinforce.num_rollouts_per_prompt,
+                self._sampling_seed(self.step),
+            )
+        tokens, lengths, positions = critic_rows(gen)
+        critic_future = self.critic.infer(tokens, lengths)  # runs on the server during the log-prob work below
+        if cfg.critic.use_critic_rewards:
+            prompts = [data.texts[prompt_indices[g]] for g in gen.group_ids.tolist()]
+            reward_future = _then(critic_future, lambda out: out[1])
+        else:
+            with self.timers.time("reward"):
+                prompts, reward_future = self._score(gen, data, prompt_indices)
+        batch = gen.response_batch()
+        logprobs, ref_logprobs = self._policy_and_reference_logprobs(gen, batch)
+        with self.timers.time("critic_infer"):
+            all_values, _ = critic_future.result()
+        with self.timers.time("reward"):
+            rewards = reward_future.result().to(logprobs.device)
+
+        mask = gen.response_mask.float()
+        values = all_values.gather(1, positions).to(logprobs.device) * mask
+        token_rewards = per_token_rewards(
+            rewards, logprobs, ref_logprobs, mask, ppo.initial_policy_kl_penalty, ppo.use_absolute_kl
+        )
+        advantages, returns = gae(token_rewards, values, mask, ppo.discount_factor, ppo.gae_lambda)
+        if ppo.normalize_advantages:
+            advantages = normalize_advantages(advantages, mask)
+        kl = kl_penalty(logprobs, ref_logprobs, mask, absolute=ppo.use_absolute_kl)
+        metrics = {
+            "train_rollouts/rewards": rewards.mean().item(),
+            "train_rollouts/rewards_with_kl": token_rewards.sum(-1).mean().item(),
+            "train_rollouts/init_policy_kl": kl.mean().item(),
+            "train_rollouts/values": masked_mean(values, mask).item(),
+            "train_rollouts/returns": masked_mean(returns, mask).item(),
+            "train_rollouts/response_lengths": gen.response_lengths.float().mean().item(),
+            "train_rollouts/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
+        }
+        sample_advantages = masked_mean(advantages, mask, dim=-1)
+        return PPORollout(
+            batch=batch,
+            mask=mask,
+            old_logprobs=logprobs,
+            advantages=advantages,
+            returns=returns,
+            values=values,
+            critic_tokens=tokens,
+            critic_lengths=lengths,
+            positions=positions,
+            metrics=metrics,
+            samples=sample_rows(self.step + 1, "train", prompts, gen, rewards, kl, sample_advantages),
+        )
+
+    # ----------------------------------------------------------------------------------------------- optimise
+    def _train_critic(self, rollout: PPORollout) -> float:
+        """critic_train on the rollout, targets moved from response columns to the critic's row columns."""
+
+        def to_rows(per_token: torch.Tensor) -> torch.Tensor:
+            # Padding columns land on positions no valid token uses (past each row's last state), as zeros.
+            out = torch.zeros(rollout.critic_tokens.shape)
+            return out.scatter_(1, rollout.positions, (per_token * rollout.mask).float().cpu())
+
+        return self.critic.train(
+            rollout.critic_tokens,
+            rollout.critic_lengths,
+            to_rows(rollout.returns),
+            to_rows(rollout.values),
+            to_rows(rollout.mask),
+        )
+
+    def optimise(self, rollout: PPORollout) -> dict[str, float]:
+        cfg = self.config
+        # The critic trains on its server while the actor trains here.
+        critic_step = self._critic_pool.submit(self._train_critic, rollout)
+        self.policy.train()
+        lr = self.optimizer.param_groups[0]["lr"]
+        total = rollout.batch.response_ids.shape[0]
+        size = -(-total // min(cfg.ppo.num_mini_batches, total))
+        losses, grad_norms = [], []
+        clip_fraction = entropy_sum = 0.0
+        with self.timers.time("train"):
+            # One optimiser step per mini-batch, in order: after the first, the policy differs from the one that
+            # sampled the rollout and the ratio clip takes effect.
+            for start in range(0, total, size):
+                mini = slice(start, min(start + size, total))
+                batch = rollout.batch.subset(mini)
+                mask = rollout.mask[mini]
+                normalizer = mask.sum().clamp(min=1)  # every token of the mini-batch weighs the same
+                self.optimizer.zero_grad(set_to_none=True)
+                loss_sum = 0.0
+                for rows, sub in self._micro_batches(batch):
+                    logits = grouped_response_logits(self.policy, sub)
+                    logprobs = token_logprobs(logits, sub.response_ids)
+                    t = logprobs.shape[1]
+                    sub_mask = mask[rows, :t]
+                    # Entropy needs the whole distribution: computed with a gradient only when it is in the loss.
+                    with torch.set_grad_enabled(cfg.ppo.entropy_bonus != 0):
+                        entropy = entropy_from_logits(logits)
+                    loss, clipped = ppo_actor_loss(
+                        logprobs,
+                        rollout.old_logprobs[mini][rows, :t],
+                        rollout.advantages[mini][rows, :t],
+                        sub_mask,
+                        cfg.ppo.ratio_eps,
+                        entropy,
+                        cfg.ppo.entropy_bonus,
+                        normalizer,
+                    )
+                    loss.backward()
+                    loss_sum += loss.item()
+                    # The clip fraction comes as clipped tokens / normalizer: back to a count, summed over the rollout.
+                    clip_fraction += clipped.item() * normalizer.item()
+                    entropy_sum += (entropy.detach() * sub_mask).sum().item()
+                grad_norms.append(
+                    torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm).item()
+                )
+                self.optimizer.step()
+                losses.append(loss_sum)
+            self.scheduler.step()
+            self.generator.update_weights(self.policy)
+        with self.timers.time("critic_train"):
+            critic_loss = critic_step.result()
+        tokens = rollout.mask.sum().clamp(min=1).item()
+        return {
+            "train_optim/loss": sum(losses) / len(losses),
+            "train_optim/grad_norm": sum(grad_norms) / len(grad_norms),
+            "train_optim/lr": lr,
+            "train_optim/critic_loss": critic_loss,
+            "train_optim/clip_fraction": clip_fraction / tokens,
+            "train_optim/entropy": entropy_sum / tokens,
+        }
+
+    # ----------------------------------------------------------------------------------------------- checkpoints
+    def _save_extra(self, folder: Path) -> None:
+        self.critic.save(str(folder / CRITIC_DIR) + "/")
+
+
+def _then(future: Future, fn) -> Future:
+    """A future of `fn(future.result())`, failing as `future` does."""
+    out: Future = Future()
+
+    def done(f: Future) -> None:
+        if f.exception() is not None:
+            out.set_exception(f.exception())
+        else:
+            out.set_result(fn(f.result()))
+
+    future.add_done_callback(done)
+    return out

@@ -1,0 +1,670 @@
+"""The REINFORCE / RLOO trainer: NeMo-Aligner's critic-free RLHF loop in plain PyTorch.
+
+    aligner train --config demo_assets/reinforce.yaml            # a run
+    aligner train --config demo_assets/reinforce.yaml --resume   # continue exactly from the newest checkpoint
+    torchrun --standalone --nproc_per_node 2 -m aligner.cli train --config ...   # data-parallel (distributed.py)
+
+A step: draw `num_prompts_per_step` prompts, sample `num_rollouts_per_prompt` responses for each, score them,
+compute the KL to the frozen initial policy, the RLOO baseline and the advantages, then one AdamW step over the
+batch in micro-batches. Lifecycle: `setup` -> `fit` (-> `rollout`, `optimise`, `validate`, `save_checkpoint`);
+`load_checkpoint` restores everything a step depends on, so 2 steps + resume + 2 steps equals 4 steps.
+`checkpoints/best.json` names the checkpoint with the best validation reward (`best_checkpoint`), which pruning keeps.
+PPO (aligner/ppo_trainer.py) is a subclass that replaces `rollout` and `optimise`.
+
+SIGTERM or a first Ctrl-C stops the run at the next step boundary with a checkpoint saved.
+
+Under torchrun each rank generates for its share of the step's global prompts; the loss normaliser and the
+gradients are summed over ranks, so every rank takes the update one process would take on the whole batch.
+Metrics are reduced over ranks, and rank 0 alone writes files.
+
+With `model.backend: megatron` (under torchrun, TP x PP x DP processes) the step runs on a Megatron-Core shard of
+the policy (`megatron_reinforce_step`); shares and seeds go by data-parallel rank, generation and the reference stay
+on HF models refit from the gathered Megatron weights after each step, and each rank checkpoints its optimiser state.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aligner import distributed
+from aligner.algorithms.reinforce import (
+    advantages_from_baseline,
+    kl_penalty,
+    reinforce_loss,
+    response_loss_mask,
+    rewards_with_kl,
+    rloo_baseline,
+)
+from aligner.config import TrainConfig, save_config
+from aligner.data.prompts import PromptDataset, PromptSampler, build_prompt_dataset, read_prompt_file
+from aligner.errors import ConfigError, RunDirError
+from aligner.generation.generator import GenerationOutput, TorchGenerator, resolve_compile
+from aligner.modeling.batches import ResponseBatch
+from aligner.modeling.device import keep_freed_memory, resolve_device
+from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer, save_policy
+from aligner.modeling.logprobs import grouped_response_logprobs
+from aligner.modeling.lora import (
+    LoraReference,
+    load_adapter,
+    require_peft,
+    save_adapter,
+    save_merged_policy,
+    wrap_with_lora,
+)
+from aligner.modeling.reference import ReferencePolicy
+from aligner.rewards.build import build_reward_client
+from aligner.run_layout import (
+    ADAPTER_DIR,
+    BEST_FILE,
+    CHECKPOINT_DIR,
+    FINAL_POLICY_DIR,
+    MEGATRON_OPTIMIZER_FILE,
+    STATE_FILE,
+    list_checkpoints,
+)
+from aligner.trainers.run_log import RunLog, Timers
+from aligner.trainers.schedule import lr_multiplier
+
+VALIDATION_SEED_OFFSET = 7_919  # validation samples with its own fixed noise, the same at every validation
+RANK_SEED_STRIDE = 1 << 32  # rank r samples with seed + r * stride: its own noise, never another step's
+
+
+@dataclass
+class Rollout:
+    """Everything the optimiser needs from one step's samples, plus what gets logged."""
+
+    batch: ResponseBatch  # prompts (each once) and responses
+    loss_mask: torch.Tensor  # [B, T] float
+    advantages: torch.Tensor  # [B]
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ReinforceTrainer:
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        self.run_dir = Path(config.run_dir)
+        self.step = 0
+        self.megatron_model = None  # model.backend=megatron: this rank's shard of the trained policy
+        self.timers = Timers()
+        self._stop_requested = False
+        self.last_validation: tuple[int, float] | None = None  # (step, val/rewards) of the latest validation
+        self.best: dict[str, Any] | None = None  # {"step", "val/rewards"} of the best checkpoint so far
+
+    # ----------------------------------------------------------------------------------------------- setup
+    def setup(self, resume: bool = False) -> None:
+        cfg = self.config
+        # Input that can be wrong is checked before any model loads.
+        if self.uses_megatron and self.uses_lora:
+            raise ConfigError("model.backend=megatron trains the full model: model.lora.r must be 0")
+        train_records = read_prompt_file(cfg.data.train_file)
+        val_records = read_prompt_file(cfg.data.val_file)
+        checkpoints = list_checkpoints(self.run_dir)
+        if checkpoints and not resume:
+            raise RunDirError(
+                f"run_dir {self.run_dir} already holds checkpoints (newest: {checkpoints[-1].name}); "
+                "pass --resume to continue it, or choose another run_dir"
+            )
+        if resume and not checkpoints:
+            print(f"no checkpoint in {self.run_dir}: starting from the beginning", file=sys.stderr)
+        if self.uses_lora:
+            require_peft()
+        self.device = distributed.init(resolve_device(cfg.model.device))
+        if self.uses_megatron:
+            self._init_megatron_parallel()
+        if cfg.reinforce.num_prompts_per_step < distributed.dp_size():
+            raise ConfigError(
+                f"reinforce.num_prompts_per_step ({cfg.reinforce.num_prompts_per_step}) is global over processes and "
+                f"must be at least their number ({distributed.dp_size()}): every rank needs a prompt"
+            )
+        if cfg.model.num_threads:
+            torch.set_num_threads(cfg.model.num_threads)
+        if cfg.model.keep_freed_memory and self.device.type == "cpu":
+            keep_freed_memory()
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        _quiet_transformers()
+        # None only for PPO taking its rewards from the critic server (PPOTrainer scores through it).
+        self.reward_client = build_reward_client(cfg.reward, device=self.device) if cfg.reward else None
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.policy_path)
+        self.train_data = build_prompt_dataset(
+            train_records, self.tokenizer, cfg.data.apply_chat_template, cfg.data.max_prompt_length
+        )
+        self.val_data = build_prompt_dataset(
+            val_records, self.tokenizer, cfg.data.apply_chat_template, cfg.data.max_prompt_length
+        )
+        for name, data in (("training", self.train_data), ("validation", self.val_data)):
+            if data.num_truncated:
+                print(
+                    f"{data.num_truncated} {name} prompts kept only their last {cfg.data.max_prompt_length} "
+                    "tokens (data.max_prompt_length)",
+                    file=sys.stderr,
+                )
+
+        self.policy = load_policy(cfg.model.policy_path, cfg.model.dtype, self.device, cfg.model.attn_implementation)
+        if self.uses_lora:
+            # Only the adapters train, so the base with adapters disabled stays the SFT policy: no copy is needed.
+            self.policy = wrap_with_lora(self.policy, cfg.model.lora)
+            self.reference = LoraReference(self.policy)
+        else:
+            # Built from the initial weights before any checkpoint is loaded: the KL is always to the SFT policy.
+            self.reference = ReferencePolicy(self.policy)
+        if cfg.model.gradient_checkpointing and not self.uses_megatron:
+            self.policy.gradient_checkpointing_enable()
+        cfg.generation.compile = resolve_compile(cfg.generation.compile, self.device, cfg.trainer.max_steps)
+        self.generator = TorchGenerator(
+            self.policy, self.tokenizer, cfg.generation, eos_token_ids(self.policy, self.tokenizer)
+        )
+        trained = self.policy
+        if self.uses_megatron:
+            trained = self.megatron_model = self._build_megatron_model()
+        self.optimizer = torch.optim.AdamW(
+            [p for p in trained.parameters() if p.requires_grad],
+            lr=cfg.optim.lr,
+            betas=cfg.optim.betas,
+            eps=cfg.optim.eps,
+            weight_decay=cfg.optim.weight_decay,
+            # One kernel over all parameters instead of a loop of small ops (CPU and CUDA alike).
+            fused=self.device.type in ("cpu", "cuda"),
+        )
+        min_ratio = cfg.optim.min_lr / cfg.optim.lr
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_multiplier(s, cfg.optim.warmup_steps, cfg.trainer.max_steps, min_ratio),
+        )
+        self.sampler = PromptSampler(len(self.train_data), cfg.seed, cfg.data.shuffle)
+        if resume and checkpoints:
+            self.load_checkpoint(checkpoints[-1])
+        # Ranks load the same files, but randomly initialised weights (adapters) must match too.
+        distributed.broadcast_parameters(self.policy.parameters())
+
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if distributed.is_main():
+            save_config(cfg, self.run_dir / "config.yaml")
+        self.log = RunLog(
+            self.run_dir, resume_step=self.step if (resume and checkpoints) else None, enabled=distributed.is_main()
+        )
+
+    @property
+    def final_policy_dir(self) -> Path:
+        return self.run_dir / FINAL_POLICY_DIR
+
+    @property
+    def uses_lora(self) -> bool:
+        return self.config.model.lora.r > 0
+
+    @property
+    def uses_megatron(self) -> bool:
+        return self.config.model.backend == "megatron"
+
+    # ----------------------------------------------------------------------------------------------- Megatron
+    def _init_megatron_parallel(self) -> None:
+        """Megatron's TP/PP/DP groups over the process group `distributed.init` joined (world = TP x PP x DP)."""
+        from megatron.core import parallel_state
+
+        from aligner.modeling import megatron as mb
+
+        model = self.config.model
+        tp, pp = model.tensor_model_parallel_size, model.pipeline_model_parallel_size
+        if distributed.world_size() % (tp * pp):
+            raise ConfigError(
+                f"the number of processes ({distributed.world_size()}) must be a multiple of "
+                f"tensor_model_parallel_size * pipeline_model_parallel_size ({tp} * {pp})"
+            )
+        if distributed.env_world_size() <= 1:
+            raise ConfigError("model.backend=megatron runs under torchrun (torchrun --nproc_per_node N ...)")
+        mb.init_megatron_parallel(tp, pp, seed=self.config.seed)
+        leader = parallel_state.get_tensor_model_parallel_rank() == 0
+        leader = leader and parallel_state.get_pipeline_model_parallel_rank() == 0
+        distributed.set_data_parallel(
+            parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size(), leader
+        )
+
+    def _build_megatron_model(self):
+        """This rank's shard of the policy as a Megatron `GPTModel`; the HF policy stays whole for generation (and
+        is refit from the Megatron weights after every step), so it needs no gradients."""
+        from aligner.modeling import megatron as mb
+
+        model = self.config.model
+        self.policy.requires_grad_(False)
+        rng = torch.get_rng_state()  # Megatron's initialisation (overwritten by the HF weights) draws numbers
+        megatron_model = mb.build_megatron_model(
+            self.policy.config,
+            self.policy.state_dict(),
+            model.tensor_model_parallel_size,
+            model.pipeline_model_parallel_size,
+        )
+        torch.set_rng_state(rng)
+        return megatron_model
+
+    def _refit_policy(self) -> None:
+        """The HF policy (generation, checkpoints) := the Megatron weights, gathered over TP and PP."""
+        from aligner.modeling import megatron as mb
+
+        state = mb.model_to_hf_state_dict(self.megatron_model, self.policy.config)
+        self.policy.load_state_dict(state)
+        self.generator.update_weights(self.policy)
+
+    # ----------------------------------------------------------------------------------------------- the loop
+    def fit(self, until_step: int | None = None) -> None:
+        """Train to `trainer.max_steps`, or stop early at `until_step` with a checkpoint (as a cancel would)."""
+        cfg = self.config.trainer
+        from tqdm.auto import tqdm
+
+        bar = tqdm(
+            total=cfg.max_steps,
+            initial=self.step,
+            desc=self.config.algorithm,
+            disable=not (cfg.progress_bar and distributed.is_main()),
+            dynamic_ncols=True,
+        )
+        with _stop_on_signals(self):
+            if self.step == 0:
+                self.log.log_metrics(0, self.validate())
+            # Signals reach the ranks at different moments: they agree on stopping, or one would wait for the others.
+            stop = distributed.any_rank(self._stop_requested)
+            while self.step < cfg.max_steps and not stop:
+                prompt_indices = self.sampler.next_batch(self.config.reinforce.num_prompts_per_step)
+                rollout = self.rollout(prompt_indices, self.train_data)
+                metrics = {**rollout.metrics, **self.optimise(rollout)}
+                self.step += 1
+                last = self.step == cfg.max_steps
+                if self.step % cfg.val_check_interval == 0 or last:
+                    with self.timers.time("validate"):
+                        metrics.update(self.validate())
+                metrics.update(distributed.max_over_ranks(self.timers.pop()))  # a step waits for its slowest rank
+                self.log.log_metrics(self.step, metrics)
+                n = cfg.train_samples_to_log
+                self.log.log_samples(distributed.gather_rows(rollout.samples[:n])[:n])
+                if until_step is not None and self.step >= until_step:
+                    self.request_stop()
+                stop = distributed.any_rank(self._stop_requested)
+                # A validation that beats the best so far is checkpointed at once, so the best policy is kept.
+                if self.step % cfg.save_interval == 0 or last or stop or self._validated_new_best():
+                    self.save_checkpoint()
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{metrics['train_rollouts/rewards']:.3f}",
+                    kl=f"{metrics['train_rollouts/init_policy_kl']:.4f}",
+                )
+        bar.close()
+        if self.step >= cfg.max_steps:
+            if distributed.is_main():
+                # The final policy is always a plain Hugging Face folder: LoRA adapters are merged into it.
+                save = save_merged_policy if self.uses_lora else save_policy
+                save(self.policy, self.tokenizer, self.final_policy_dir)
+            distributed.barrier()
+        elif distributed.is_main():
+            print(f"stopped at step {self.step}; continue with --resume", file=sys.stderr)
+        if self.reward_client is not None:
+            self.reward_client.close()
+
+    def request_stop(self) -> None:
+        """Finish the current step, save a checkpoint, and return from `fit`."""
+        self._stop_requested = True
+
+    # ----------------------------------------------------------------------------------------------- rollout
+    def _sampling_seed(self, step: int) -> int:
+        # Derived from the step (and rank), so a resumed run samples exactly what an uninterrupted one would.
+        return self.config.seed * 1_000_003 + step + distributed.dp_rank() * RANK_SEED_STRIDE
+
+    def _score(self, gen: GenerationOutput, data: PromptDataset, prompt_indices: list[int]):
+        """Start the reward request; prompts and metadata repeat for each sample of their prompt."""
+        per_sample = [prompt_indices[g] for g in gen.group_ids.tolist()]
+        prompts = [data.texts[i] for i in per_sample]
+        future = self.reward_client.submit(prompts, gen.responses, [data.metadata[i] for i in per_sample])
+        return prompts, future
+
+    def _micro_batches(self, batch: ResponseBatch):
+        """(rows, sub-batch) pairs of at most `optim.micro_batch_size` responses."""
+        size, step = batch.response_ids.shape[0], self.config.optim.micro_batch_size
+        for start in range(0, size, step):
+            rows = slice(start, start + step)
+            yield rows, batch.subset(rows)
+
+    @torch.no_grad()
+    def _logprobs(self, fn, batch: ResponseBatch) -> torch.Tensor:
+        """Log-probs of the response tokens in micro-batches, padded back to the full response width."""
+        out = torch.zeros(batch.response_ids.shape, device=batch.response_ids.device)
+        for rows, sub in self._micro_batches(batch):
+            out[rows, : sub.response_ids.shape[1]] = fn(sub)
+        return out
+
+    def _policy_and_reference_logprobs(self, gen: GenerationOutput, batch: ResponseBatch):
+        """The policy's log-probs of the sampled tokens (from generation, or a forward pass) and the reference's."""
+        with self.timers.time("logprobs"):
+            if self.config.reinforce.use_generation_logprobs:
+                logprobs = gen.logprobs
+            else:
+                self.policy.eval()
+                logprobs = self._logprobs(lambda sub: grouped_response_logprobs(self.policy, sub), batch)
+        with self.timers.time("init_logprobs"):
+            ref_logprobs = self._logprobs(self.reference.logprobs, batch)
+        return logprobs, ref_logprobs
+
+    def rollout(self, prompt_indices: list[int], data: PromptDataset) -> Rollout:
+        """Samples for this rank's contiguous share of the step's global `prompt_indices`; metrics over all ranks.
+
+        All samples of a prompt stay on one rank, so the RLOO baseline is exact locally.
+        """
+        cfg = self.config.reinforce
+        prompt_indices = distributed.shard(prompt_indices)
+        with self.timers.time("generate"):
+            gen = self.generator.generate(
+                [data.token_ids[i] for i in prompt_indices],
+                cfg.num_rollouts_per_prompt,
+                self._sampling_seed(self.step),
+            )
+        with self.timers.time("reward"):
+            prompts, future = self._score(gen, data, prompt_indices)
+        batch = gen.response_batch()
+        logprobs, ref_logprobs = self._policy_and_reference_logprobs(gen, batch)
+        with self.timers.time("reward"):
+            rewards = future.result().to(logprobs.device)
+
+        kl = kl_penalty(logprobs, ref_logprobs, gen.response_mask, estimator=cfg.kl_estimator)
+        shaped = rewards_with_kl(rewards, kl, cfg.initial_policy_kl_penalty)
+        if cfg.baseline == "rloo":
+            baseline = rloo_baseline(shaped, gen.group_ids, gen.is_end)
+        else:
+            baseline = torch.zeros_like(shaped)
+        advantages = advantages_from_baseline(shaped, baseline)
+        if cfg.normalize_advantages:
+            advantages = distributed.global_whiten(advantages)  # over the global batch, as one process would
+        lengths = gen.response_lengths.float()
+        metrics = {
+            "train_rollouts/rewards": rewards.mean().item(),
+            "train_rollouts/rewards_with_kl": shaped.mean().item(),
+            "train_rollouts/init_policy_kl": kl.mean().item(),
+            "train_rollouts/baseline": baseline.mean().item(),
+            "train_rollouts/response_lengths": lengths.mean().item(),
+            "train_rollouts/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
+        }
+        metrics = distributed.mean_over_ranks(metrics, weight=rewards.numel())
+        samples = sample_rows(self.step + 1, "train", prompts, gen, rewards, kl, advantages)
+        return Rollout(
+            batch=batch,
+            loss_mask=response_loss_mask(gen.response_mask, gen.is_end, cfg.exclude_truncated),
+            advantages=advantages,
+            metrics=metrics,
+            samples=samples,
+        )
+
+    # ----------------------------------------------------------------------------------------------- optimise
+    def optimise(self, rollout: Rollout) -> dict[str, float]:
+        if self.uses_megatron:
+            return self._optimise_megatron(rollout)
+        cfg = self.config
+        aggregation = cfg.reinforce.loss_aggregation
+        self.policy.train()
+        normalizer = rollout.loss_mask.sum() if aggregation == "token_mean" else (rollout.loss_mask.sum(-1) > 0).sum()
+        # Every micro-batch of every rank divides by the count over the whole global batch, so the gradients summed
+        # over micro-batches and ranks are the batch's, the same as one process computing it alone.
+        normalizer = distributed.all_reduce_sum(normalizer).clamp(min=1)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.zero_grad(set_to_none=True)
+        total_loss = 0.0
+        with self.timers.time("train"):
+            for rows, sub in self._micro_batches(rollout.batch):
+                logprobs = grouped_response_logprobs(self.policy, sub)
+                loss_mask = rollout.loss_mask[rows, : logprobs.shape[1]]
+                loss = reinforce_loss(logprobs, rollout.advantages[rows], loss_mask, aggregation, normalizer)
+                loss.backward()
+                total_loss += loss.item()
+            distributed.all_reduce_gradients(self.policy.parameters())
+            total_loss = distributed.all_reduce_sum(torch.tensor(total_loss, device=self.device)).item()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.generator.update_weights(self.policy)
+        return {"train_optim/loss": total_loss, "train_optim/grad_norm": grad_norm.item(), "train_optim/lr": lr}
+
+    def _optimise_megatron(self, rollout: Rollout) -> dict[str, float]:
+        """The same step on this rank's Megatron shard: the normaliser summed over DP ranks, clipping over every
+        shard and stage (`megatron_reinforce_step`); then the HF policy is refit for generation."""
+        from aligner.modeling import megatron as mb
+
+        cfg = self.config
+        lr = self.optimizer.param_groups[0]["lr"]
+        with self.timers.time("train"):
+            metrics = mb.megatron_reinforce_step(
+                self.megatron_model,
+                self.optimizer,
+                rollout.batch,
+                rollout.advantages,
+                rollout.loss_mask,
+                cfg.reinforce.loss_aggregation,
+                micro_batch_size=cfg.optim.micro_batch_size,
+                max_grad_norm=cfg.optim.max_grad_norm,
+            )
+            self.scheduler.step()
+        with self.timers.time("refit"):
+            self._refit_policy()
+        return {**metrics, "train_optim/lr": lr}
+
+    # ----------------------------------------------------------------------------------------------- validate
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Rewards of one sample per fixed validation prompt, with the same sampling noise every time."""
+        n = min(self.config.trainer.num_val_prompts or len(self.val_data), len(self.val_data))
+        indices = distributed.shard(list(range(n)))  # may be empty on some ranks when n < processes
+        rows, metrics = [], {}
+        if indices:
+            seed = self.config.seed * 1_000_003 + VALIDATION_SEED_OFFSET + distributed.dp_rank() * RANK_SEED_STRIDE
+            gen = self.generator.generate([self.val_data.token_ids[i] for i in indices], 1, seed)
+            prompts, future = self._score(gen, self.val_data, indices)
+            ref = self._logprobs(self.reference.logprobs, gen.response_batch())
+            kl = kl_penalty(gen.logprobs, ref, gen.response_mask, estimator=self.config.reinforce.kl_estimator)
+            rewards = future.result()
+            rows = sample_rows(self.step, "validation", prompts, gen, rewards, kl, None)
+            metrics = {
+                "val/rewards": rewards.mean().item(),
+                "val/response_lengths": gen.response_lengths.float().mean().item(),
+                "val/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
+            }
+        self.log.log_samples(distributed.gather_rows(rows))
+        metrics = distributed.mean_over_ranks(metrics, weight=len(indices))
+        if "val/rewards" in metrics:
+            self.last_validation = (self.step, metrics["val/rewards"])
+        return metrics
+
+    # ----------------------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Path:
+        """Policy (HF format), optimiser, scheduler, RNG states, data position and counters, written atomically.
+
+        With LoRA the policy part is the adapters only (a peft folder): the base weights are the policy_path's.
+        """
+        final = self.run_dir / CHECKPOINT_DIR / f"step_{self.step:06d}"
+        tmp = final.with_name(final.name + ".tmp")
+        rng_per_rank = distributed.all_gather_objects(_rng_state())
+        self._update_best()
+        if self.uses_megatron:
+            # Each rank's optimiser holds the state of its own shard: every rank writes its file into the folder.
+            if distributed.is_main():
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            distributed.barrier()
+            torch.save(self.optimizer.state_dict(), tmp / MEGATRON_OPTIMIZER_FILE.format(rank=distributed.rank()))
+            distributed.barrier()
+        if not distributed.is_main():  # every rank holds the same weights and optimiser state: rank 0 writes them
+            distributed.barrier()
+            return final
+        if not self.uses_megatron:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if self.uses_lora:
+            save_adapter(self.policy, tmp / ADAPTER_DIR)
+        else:
+            save_policy(self.policy, self.tokenizer, tmp / "policy")
+        state = {
+            "step": self.step,
+            # Megatron: per rank, in MEGATRON_OPTIMIZER_FILE; the policy folder holds the gathered weights.
+            "optimizer": None if self.uses_megatron else self.optimizer.state_dict(),
+            "megatron_layout": self._megatron_layout(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_per_rank[0],
+            "rng_per_rank": rng_per_rank,
+            "best": self.best,
+        }
+        self._save_extra(tmp)
+        torch.save(state, tmp / STATE_FILE)
+        save_config(self.config, tmp / "config.yaml")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        if self.best and self.best["step"] == self.step:
+            _write_json(final.parent / BEST_FILE, {**self.best, "path": final.name})
+        keep = self.config.trainer.keep_checkpoints
+        if keep:
+            best = self.best and final.with_name(f"step_{self.best['step']:06d}")
+            for old in [c for c in list_checkpoints(self.run_dir)[:-keep] if c != best]:
+                shutil.rmtree(old, ignore_errors=True)
+        distributed.barrier()  # no rank goes on (or exits) before the checkpoint is complete
+        return final
+
+    def _validated_new_best(self) -> bool:
+        if self.last_validation is None or self.last_validation[0] != self.step:
+            return False
+        return self.best is None or self.last_validation[1] > self.best["val/rewards"]
+
+    def _update_best(self) -> None:
+        """The checkpoint being saved becomes the best when it was validated at this step and beats the best."""
+        if self._validated_new_best():
+            self.best = {"step": self.step, "val/rewards": self.last_validation[1]}
+
+    def _save_extra(self, folder: Path) -> None:
+        """Hook for subclasses: write more into the checkpoint folder before it is complete (PPO: the critic)."""
+
+    def load_checkpoint(self, path: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        if self.uses_lora:
+            load_adapter(self.policy, path / ADAPTER_DIR)
+        else:
+            saved = AutoModelForCausalLM.from_pretrained(str(path / "policy"), dtype=self.policy.dtype)
+            self.policy.load_state_dict(saved.state_dict())
+            del saved
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+        if self.uses_megatron:
+            self._load_megatron_state(path, state.get("megatron_layout"))
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        per_rank = state.get("rng_per_rank", [])
+        # Each rank continues its own random streams; with another number of processes, rank 0's are used.
+        rng = per_rank[distributed.rank()] if len(per_rank) == distributed.world_size() else state["rng"]
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        random.setstate(rng["python"])
+        self.step = state["step"]
+        self.best = state.get("best")
+        if distributed.is_main():
+            print(f"resumed from {path} at step {self.step}", file=sys.stderr)
+
+    def _megatron_layout(self) -> dict[str, int] | None:
+        if not self.uses_megatron:
+            return None
+        model = self.config.model
+        return {
+            "tensor_model_parallel_size": model.tensor_model_parallel_size,
+            "pipeline_model_parallel_size": model.pipeline_model_parallel_size,
+            "world_size": distributed.world_size(),
+        }
+
+    def _load_megatron_state(self, path: Path, saved_layout: dict[str, int] | None) -> None:
+        """This rank's Megatron shard from the checkpoint's HF weights (the conversion is exact), and its own
+        optimiser state: resuming needs the same TP, PP and number of processes."""
+        from aligner.modeling import megatron as mb
+
+        if saved_layout != self._megatron_layout():
+            raise ConfigError(
+                f"checkpoint {path} was written with the Megatron layout {saved_layout}; this run has "
+                f"{self._megatron_layout()}: resume with the same tensor/pipeline-parallel sizes and processes"
+            )
+        mb.load_hf_weights(self.megatron_model, self.policy.state_dict(), self.policy.config)
+        own = path / MEGATRON_OPTIMIZER_FILE.format(rank=distributed.rank())
+        self.optimizer.load_state_dict(torch.load(own, map_location=self.device, weights_only=False))
+
+
+def best_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint with the best validation reward (a new best is checkpointed when validated), if any."""
+    pointer = Path(run_dir) / CHECKPOINT_DIR / BEST_FILE
+    if not pointer.is_file():
+        return None
+    path = pointer.parent / json.loads(pointer.read_text())["path"]
+    return path if (path / STATE_FILE).is_file() else None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data) + "\n")
+    tmp.replace(path)
+
+
+def _rng_state() -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": random.getstate(),
+    }
+
+
+def sample_rows(step, split, prompts, gen: GenerationOutput, rewards, kl, advantages) -> list[dict[str, Any]]:
+    rows = []
+    for i, (prompt, response) in enumerate(zip(prompts, gen.responses)):
+        rows.append(
+            {
+                "step": step,
+                "split": split,
+                "prompt": prompt,
+                "response": response,
+                "reward": float(rewards[i]),
+                "kl": float(kl[i]),
+                "advantage": None if advantages is None else float(advantages[i]),
+                "is_end": bool(gen.is_end[i]),
+            }
+        )
+    return rows
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+class _stop_on_signals:
+    """SIGTERM and a first Ctrl-C request a stop at the next step boundary; a second Ctrl-C interrupts at once."""
+
+    def __init__(self, trainer: ReinforceTrainer):
+        self.trainer, self.previous = trainer, {}
+
+    def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.trainer._stop_requested:
+            raise KeyboardInterrupt
+        print(
+            f"\nsignal {signal.Signals(signum).name}: stopping after this step (checkpoint follows)", file=sys.stderr
+        )
+        self.trainer.request_stop()
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,90 @@
+"""Per-step metrics and sample generations, as JSON lines in the run directory.
+
+- `metrics.jsonl`: one object per step, `{"step": 3, "train_rollouts/rewards": 0.41, ...}` (NeMo-Aligner names).
+- `samples.jsonl`: one object per sample, `{"step", "split", "prompt", "response", "reward", "kl", "advantage",
+  "is_end"}`.
+Lines are flushed as they are written, so another process (the worker) can follow the files live. On resume,
+lines of steps after the checkpoint are dropped, so no step is ever written twice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from aligner.run_layout import METRICS_FILE, SAMPLES_FILE
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Keep only the lines of steps <= `step` (a line cut short by a crash is dropped too)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    path.write_text("".join(k + "\n" for k in kept))
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def reward_change(values: list[float], window: int = 5) -> str:
+    """'train reward (mean of N steps): +A first -> +B last': the mean of the first and last `window` values."""
+    n = min(window, len(values))
+    first, last = sum(values[:n]) / n, sum(values[-n:]) / n
+    return f"train reward (mean of {n} steps): {first:+.3f} first -> {last:+.3f} last"
+
+
+class RunLog:
+    def __init__(self, run_dir: Path, resume_step: int | None = None, enabled: bool = True):
+        self.enabled = enabled
+        self.metrics_path, self.samples_path = run_dir / METRICS_FILE, run_dir / SAMPLES_FILE
+        if not enabled:
+            return
+        for path in (self.metrics_path, self.samples_path):
+            if resume_step is None:
+                path.unlink(missing_ok=True)
+            else:
+                _truncate_after(path, resume_step)
+
+    def _append(self, path: Path, rows: list[dict[str, Any]]) -> None:
+        if self.enabled and rows:
+            with path.open("a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self._append(self.metrics_path, [{"step": step, **metrics}])
+
+    def log_samples(self, rows: list[dict[str, Any]]) -> None:
+        self._append(self.samples_path, rows)
+
+
+class Timers:
+    """Wall-clock seconds per phase, reported as `timers/<name>`."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def time(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def pop(self) -> dict[str, float]:
+        out, self.seconds = {f"timers/{k}": v for k, v in self.seconds.items()}, {}
+        return out

@@ -1,0 +1,223 @@
+"""aligner serve-reward and RemoteRewardClient against real PyTriton servers on free loopback ports.
+
+The servers run as `aligner serve-reward` subprocesses; they are queried with the project's client, with Triton's
+own `tritonclient` (HTTP and gRPC) and with plain KServe-v2 JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import torch
+
+pytest.importorskip("pytriton")
+
+from aligner.errors import RewardError  # noqa: E402
+from aligner.processes import free_port  # noqa: E402
+from aligner.rewards.local import ModelRewardClient
+from aligner.rewards.remote import RemoteRewardClient  # noqa: E402
+from tests.helpers.triton_servers import ServerProcess  # noqa: E402
+
+
+def Server(*args: str) -> ServerProcess:  # noqa: N802 - reads as the class it was
+    return ServerProcess("serve-reward", list(args), ("reward_model",))
+
+
+@pytest.fixture(scope="module")
+def function_server():
+    server = Server("--function", "tests.helpers.rewards:length_reward", "--max-batch-size", "4")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def model_server(reward_model_dir):
+    server = Server("--model", str(reward_model_dir), "--set", "reward_mean=0.5", "--set", "reward_std=2.0")
+    yield server
+    server.stop()
+
+
+def test_project_client_sends_prompts_responses_and_metadata(function_server):
+    client = RemoteRewardClient(function_server.url)
+    assert client.max_batch_size == 4
+    rewards = client.submit(["p1", "p2"], ["abc", "hello"], [{}, {"answer": "hello"}]).result(timeout=30)
+    assert rewards.dtype == torch.float32 and rewards.tolist() == [3.0, 105.0]
+
+
+def test_client_splits_batches_larger_than_the_server_max(function_server):
+    client = RemoteRewardClient(function_server.url)
+    responses = ["x" * i for i in range(11)]  # 11 rows, max batch 4: chunks of 4, 4, 3
+    assert client.score(["p"] * 11, responses).tolist() == [float(i) for i in range(11)]
+
+
+def test_plain_kserve_json_and_the_curl_form(function_server):
+    body = {"inputs": [{"name": "sentences", "shape": [2, 1], "datatype": "BYTES", "data": ["ab", "abcd"]}]}
+    out = requests.post(f"{function_server.url}/v2/models/reward_model/infer", json=body, timeout=10).json()
+    assert out["outputs"][0]["name"] == "rewards" and out["outputs"][0]["shape"] == [2, 1]
+    assert out["outputs"][0]["data"] == [2.0, 4.0]
+    assert requests.get(f"{function_server.url}/v2/health/ready", timeout=5).status_code == 200
+    metrics = requests.get(f"http://127.0.0.1:{function_server.port + 2}/metrics", timeout=5).text
+    assert "nv_inference_request_success" in metrics
+
+
+def test_tritonclient_http_and_grpc(function_server):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    sentences = np.array([[b"a"], [b"abc"], [b"hello"]], dtype=object)
+    for module, port in ((httpclient, function_server.port), (grpcclient, function_server.port + 1)):
+        client = module.InferenceServerClient(url=f"127.0.0.1:{port}")
+        inp = module.InferInput("sentences", list(sentences.shape), "BYTES")
+        inp.set_data_from_numpy(sentences)
+        result = client.infer("reward_model", [inp], outputs=[module.InferRequestedOutput("rewards")])
+        assert result.as_numpy("rewards").tolist() == [[1.0], [3.0], [5.0]], module.__name__
+
+
+def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(function_server):
+    url = f"{function_server.url}/v2/models/reward_model/infer"
+    wrong_name = {"inputs": [{"name": "sentencez", "shape": [1, 1], "datatype": "BYTES", "data": ["a"]}]}
+    response = requests.post(url, json=wrong_name, timeout=10)
+    assert response.status_code == 400 and "sentencez" in response.json()["error"]
+
+    half_pair = {"inputs": [{"name": "prompts", "shape": [1, 1], "datatype": "BYTES", "data": ["a"]}]}
+    response = requests.post(url, json=half_pair, timeout=10)
+    assert response.status_code >= 400 and "responses" in response.json()["error"]
+    # PyTriton answers a model function's exception with 500: the marker tells clients not to retry it.
+    assert "bad request: " in response.json()["error"]
+
+    wrong_shape = {"inputs": [{"name": "sentences", "shape": [1, 2], "datatype": "BYTES", "data": ["a", "b"]}]}
+    assert requests.post(url, json=wrong_shape, timeout=10).status_code == 400
+
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{function_server.port}")
+    inp = httpclient.InferInput("sentences", [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[b"\xff\xfe bad"]], dtype=object))
+    with pytest.raises(Exception, match="not valid UTF-8"):
+        client.infer("reward_model", [inp])
+
+    # Still serving, and the project's client reports a refused request without retrying it.
+    assert RemoteRewardClient(function_server.url).score(["p"], ["ok"]).tolist() == [2.0]
+    with pytest.raises(RewardError, match="refused"):
+        RemoteRewardClient(function_server.url, model_name="no_such_model")
+
+
+def test_model_server_scores_text_and_tokens_like_the_in_process_model(model_server, reward_model_dir):
+    local = ModelRewardClient(reward_model_dir)
+    texts = ["tell me about the cat.", "the dog is sad and slow"]
+    expected = (local.score(texts) - 0.5) / 2.0  # the server standardises with mean 0.5, std 2
+    client = RemoteRewardClient(model_server.url)
+    torch.testing.assert_close(client.score(texts, ["", ""]), expected, atol=1e-5, rtol=1e-5)
+
+    ids = [local.tokenizer(t)["input_ids"] for t in texts]
+    width = max(map(len, ids))
+    tokens = [row + [0] * (width - len(row)) for row in ids]  # zero-padded, as NeMo-Aligner sends them
+    body = {
+        "inputs": [
+            {"name": "tokens", "shape": [2, width], "datatype": "INT64", "data": [t for row in tokens for t in row]},
+            {"name": "sequence_lengths", "shape": [2, 1], "datatype": "INT64", "data": [len(r) for r in ids]},
+        ]
+    }
+    out = requests.post(f"{model_server.url}/v2/models/reward_model/infer", json=body, timeout=10).json()
+    torch.testing.assert_close(torch.tensor(out["outputs"][0]["data"]), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_unreachable_server_is_a_clear_error_naming_the_url():
+    port = free_port(3)
+    with pytest.raises(RewardError, match=rf"http://127.0.0.1:{port} cannot be reached"):
+        RemoteRewardClient(f"127.0.0.1:{port}", timeout_s=1, max_retries=1, backoff_s=0.01)
+
+
+def test_sigterm_stops_everything_and_removes_the_workspace():
+    server = Server("--function", "tests.helpers.rewards:length_reward")
+    assert list(Path(tempfile.gettempdir()).glob(f"aligner-triton-{server.proc.pid}-*"))
+    children = subprocess.run(["pgrep", "-g", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(children) >= 2  # the server and Triton at least
+    assert server.stop(signal.SIGTERM) == 0
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-g", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
+    assert left == []
+    assert not list(Path(tempfile.gettempdir()).glob(f"aligner-triton-{server.proc.pid}-*"))
+    assert "reward server stopped" in server.output()
+
+
+def test_a_sigkilled_servers_workspace_is_removed_at_the_next_start():
+    killed = Server("--function", "tests.helpers.rewards:length_reward")
+    assert killed.stop(signal.SIGKILL) == -signal.SIGKILL
+    time.sleep(1)
+    assert list(Path(tempfile.gettempdir()).glob(f"aligner-triton-{killed.proc.pid}-*"))  # left behind
+    subprocess.run(["pkill", "-KILL", "-g", str(killed.proc.pid)], check=False)  # Triton dies with it anyway
+    fresh = Server("--function", "tests.helpers.rewards:length_reward")
+    try:
+        assert not list(Path(tempfile.gettempdir()).glob(f"aligner-triton-{killed.proc.pid}-*"))
+    finally:
+        fresh.stop()
+
+
+def test_cli_without_a_source_is_a_user_error(capsys):
+    from aligner.cli import main
+
+    assert main(["serve-reward", "--port", "1"]) == 2
+    assert "exactly one of model_path (--model) or function (--function)" in capsys.readouterr().err
+
+
+def test_metadata_json_travels(function_server):
+    body = {
+        "inputs": [
+            {"name": "prompts", "shape": [1, 1], "datatype": "BYTES", "data": ["q"]},
+            {"name": "responses", "shape": [1, 1], "datatype": "BYTES", "data": ["42"]},
+            {"name": "metadata", "shape": [1, 1], "datatype": "BYTES", "data": [json.dumps({"answer": "42"})]},
+        ]
+    }
+    out = requests.post(f"{function_server.url}/v2/models/reward_model/infer", json=body, timeout=10).json()
+    assert out["outputs"][0]["data"] == [102.0]
+
+
+@pytest.mark.slow
+def test_training_against_the_live_server_raises_the_reward(demo_assets_dir, tmp_path):
+    """The demo run, shortened, scored by the demo reward model (trained by train-rm) behind `aligner serve-reward`."""
+    from aligner.config import load_config
+    from aligner.trainers.reinforce import ReinforceTrainer
+    from aligner.trainers.run_log import read_jsonl
+
+    server = Server("--model", str(demo_assets_dir / "reward_model"))
+    try:
+        config = load_config(
+            demo_assets_dir / "reinforce.yaml",
+            [
+                f"run_dir={tmp_path / 'run'}",
+                "reward.function=null",
+                f"reward.server_url={server.url}",
+                "trainer.max_steps=40",
+                "trainer.progress_bar=false",
+                "model.num_threads=2",
+            ],
+        )
+        trainer = ReinforceTrainer(config)
+        trainer.setup()
+        trainer.fit()
+    finally:
+        server.stop()
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["step"] > 0]
+    rewards = [r["train_rollouts/rewards"] for r in rows]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.3, f"first 5 steps {first:.3f}, last 5 {last:.3f}"
+    assert all(r["timers/reward"] < 5 for r in rows)
+
+
+def test_dynamic_batching_can_be_switched_off():
+    server = Server("--function", "tests.helpers.rewards:length_reward", "--set", "dynamic_batching=false")
+    try:
+        config = requests.get(f"{server.url}/v2/models/reward_model/config", timeout=10).json()
+        assert "dynamic_batching" not in config and config["max_batch_size"] == 64
+        assert RemoteRewardClient(server.url).score(["p", "q"], ["ab", "abcd"]).tolist() == [2.0, 4.0]
+    finally:
+        server.stop()

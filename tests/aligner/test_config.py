@@ -1,0 +1,79 @@
+from pathlib import Path
+
+import pytest
+
+from aligner.config import apply_overrides, config_from_dict, load_config, save_config
+from aligner.errors import ConfigError
+
+MINIMAL = """
+run_dir: runs/x
+model: {policy_path: policy}
+data: {train_file: train.jsonl, val_file: val.jsonl}
+reward: {function: "aligner.demo:reward"}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cfg" / "c.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_relative_paths_resolve_against_the_config_folder(tmp_path):
+    cfg = load_config(write(tmp_path, MINIMAL))
+    assert cfg.model.policy_path == str(tmp_path / "cfg" / "policy")
+    assert cfg.data.train_file == str(tmp_path / "cfg" / "train.jsonl")
+    assert cfg.run_dir == str(tmp_path / "cfg" / "runs" / "x")
+    # Defaults follow NeMo-Aligner.
+    assert cfg.reinforce.kl_estimator == "abs" and cfg.optim.max_grad_norm == 1.0
+
+
+def test_overrides_are_typed_and_nested(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(
+        write(tmp_path, MINIMAL),
+        ["reinforce.num_rollouts_per_prompt=8", "optim.lr=1e-5", "generation.end_strings=[a, b]", "run_dir=out"],
+    )
+    assert cfg.reinforce.num_rollouts_per_prompt == 8
+    assert cfg.optim.lr == pytest.approx(1e-5)
+    assert cfg.generation.end_strings == ["a", "b"]
+    assert cfg.run_dir == str(tmp_path / "out")  # --set paths are relative to the current directory
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("reinforce.num_rollouts_per_prompt=1", "reinforce: num_rollouts_per_prompt must be at least 2"),
+        ("optim.lr=-1", "optim.lr: Input should be greater than 0 (got -1)"),
+        ("generation.temperature=hot", "generation.temperature: Input should be a valid number"),
+        ("generation.compile=maybe", "generation.compile: must be true, false or auto (got 'maybe')"),
+        ("model.dtyp=float32", "model.dtyp: unknown field"),
+        ("generation.min_new_tokens=100", "min_new_tokens (100) must not exceed max_new_tokens (64)"),
+        ("reward.model_path=rm", "give exactly one of reward.function, reward.model_path or reward.server_url"),
+    ],
+)
+def test_bad_values_name_the_field(tmp_path, override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, MINIMAL), [override])
+    assert message in str(err.value)
+
+
+def test_missing_sections_and_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="data: required field is missing"):
+        config_from_dict({"model": {"policy_path": "p"}, "reward": {"function": "m:f"}})
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "model: [unclosed"))
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(write(tmp_path, "- a\n- b\n"))
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        apply_overrides({}, ["optim.lr"])
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = load_config(write(tmp_path, MINIMAL), ["seed=7"])
+    save_config(cfg, tmp_path / "resolved.yaml")
+    again = load_config(tmp_path / "resolved.yaml")
+    assert again == cfg

@@ -1,0 +1,159 @@
+import math
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from aligner.cli import main
+from aligner.errors import PromptDataError, RunDirError
+from aligner.run_layout import list_checkpoints
+from aligner.trainers.reinforce import ReinforceTrainer
+from aligner.trainers.run_log import read_jsonl
+from aligner.trainers.schedule import lr_multiplier
+from tests.helpers.training import train
+
+NEMO_METRICS = [
+    "train_rollouts/rewards",
+    "train_rollouts/rewards_with_kl",
+    "train_rollouts/init_policy_kl",
+    "train_rollouts/baseline",
+    "train_rollouts/response_lengths",
+    "train_rollouts/fraction_of_samples_properly_ended",
+    "train_optim/loss",
+    "train_optim/grad_norm",
+    "train_optim/lr",
+    "timers/generate",
+    "timers/logprobs",
+    "timers/init_logprobs",
+    "timers/reward",
+    "timers/train",
+]
+
+
+def without_timers(rows):
+    return [{k: v for k, v in row.items() if not k.startswith("timers/")} for row in rows]
+
+
+def test_two_steps_resume_two_steps_equals_four_steps(run_config):
+    straight = train(run_config("straight"))
+    interrupted = run_config("resumed")
+    first = train(interrupted, until_step=2)
+    assert first.step == 2 and not first.final_policy_dir.exists()
+    resumed = train(interrupted, resume=True)
+    assert resumed.step == 4
+
+    a = load_file(straight.final_policy_dir / "model.safetensors")
+    b = load_file(resumed.final_policy_dir / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], straight.reference.state_dict()[k]) for k in a)  # training changed weights
+    for sa, sb in zip(straight.optimizer.state.values(), resumed.optimizer.state.values()):
+        assert torch.equal(sa["exp_avg"], sb["exp_avg"])
+    # The metrics of the resumed run are those of the straight run, each step once.
+    rows_a = without_timers(read_jsonl(straight.run_dir / "metrics.jsonl"))
+    rows_b = without_timers(read_jsonl(resumed.run_dir / "metrics.jsonl"))
+    assert [r["step"] for r in rows_b] == [0, 1, 2, 3, 4]
+    assert rows_a == rows_b
+    samples_a, samples_b = (
+        read_jsonl(straight.run_dir / "samples.jsonl"),
+        read_jsonl(resumed.run_dir / "samples.jsonl"),
+    )
+    assert samples_a == samples_b
+
+
+def test_metrics_samples_checkpoints_and_final_policy(run_config):
+    from transformers import AutoModelForCausalLM
+
+    trainer = train(run_config(trainer={"max_steps": 3, "val_check_interval": 2, "save_interval": 2}))
+    rows = read_jsonl(trainer.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert "val/rewards" in rows[0] and "val/rewards" in rows[2] and "val/rewards" in rows[3]
+    assert "val/rewards" not in rows[1]
+    for row in rows[1:]:
+        assert set(NEMO_METRICS) <= row.keys()
+        assert all(math.isfinite(row[k]) for k in NEMO_METRICS)
+    assert rows[1]["train_optim/lr"] == pytest.approx(1e-3)  # warmup of one step
+    samples = read_jsonl(trainer.run_dir / "samples.jsonl")
+    assert {s["split"] for s in samples} == {"train", "validation"}
+    assert {"step", "prompt", "response", "reward", "kl", "advantage", "is_end"} <= samples[0].keys()
+    assert [p.name for p in list_checkpoints(trainer.run_dir)] == ["step_000002", "step_000003"]
+    assert (list_checkpoints(trainer.run_dir)[-1] / "config.yaml").is_file()
+    saved = yaml.safe_load((trainer.run_dir / "config.yaml").read_text())
+    assert saved["generation"]["compile"] is False  # what generation.compile=auto resolved to for 3 steps
+    model = AutoModelForCausalLM.from_pretrained(str(trainer.final_policy_dir))
+    assert model(torch.tensor([[1, 2, 3]])).logits.shape[-1] == model.config.vocab_size
+
+
+def test_reference_stays_the_initial_policy(run_config):
+    from transformers import AutoModelForCausalLM
+
+    trainer = train(run_config(trainer={"max_steps": 2}))
+
+    sft = AutoModelForCausalLM.from_pretrained(trainer.config.model.policy_path).state_dict()
+    ref = trainer.reference.state_dict()
+    assert all(torch.equal(sft[k], ref[k]) for k in ref)
+    assert all(p.device.type == "cpu" and not p.requires_grad for p in trainer.reference.model.parameters())
+
+
+def test_existing_checkpoints_need_resume(run_config):
+    config = run_config(trainer={"max_steps": 2})
+    train(config)
+    with pytest.raises(RunDirError, match="pass --resume"):
+        ReinforceTrainer(config).setup()
+
+
+def test_bad_prompt_data_fails_before_any_model_loads(run_config, tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "ok"}\n{"promt": "typo"}\n')
+    config = run_config(data={"train_file": str(tmp_path / "bad.jsonl")}, model={"policy_path": "/nonexistent"})
+    with pytest.raises(PromptDataError, match=r"bad.jsonl:2: needs exactly one of the fields"):
+        ReinforceTrainer(config).setup()
+
+
+def test_cli_reports_user_errors_without_traceback(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text("model: {policy_path: p}\nreward: {function: 'a:b'}\noptim: {lr: fast}\n")
+    assert main(["train", "--config", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "data: required field is missing" in err and "optim.lr: Input should be a valid number" in err
+    assert "Traceback" not in err
+
+
+def test_lr_schedule_warmup_then_cosine():
+    assert lr_multiplier(0, 4, 20, 0.1) == pytest.approx(0.25)
+    assert lr_multiplier(3, 4, 20, 0.1) == pytest.approx(1.0)
+    assert lr_multiplier(12, 4, 20, 0.1) == pytest.approx(0.1 + 0.9 * 0.5)  # halfway through the decay
+    assert lr_multiplier(20, 4, 20, 0.1) == pytest.approx(0.1)
+
+
+@pytest.mark.slow
+def test_demo_run_raises_the_reward(demo_assets_dir, tmp_path):
+    """The demo config, shortened: the mean reward of the last 5 steps clearly beats that of the first 5."""
+    from aligner.config import load_config
+
+    config = load_config(
+        demo_assets_dir / "reinforce.yaml",
+        [f"run_dir={tmp_path / 'run'}", "trainer.max_steps=40", "trainer.progress_bar=false", "model.num_threads=2"],
+    )
+    trainer = train(config)
+    rows = [r for r in read_jsonl(trainer.run_dir / "metrics.jsonl") if r["step"] > 0]
+    rewards = [r["train_rollouts/rewards"] for r in rows]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert len(rewards) == 40
+    assert last > first + 0.3, f"first 5 steps {first:.3f}, last 5 {last:.3f}"
+    val = [r["val/rewards"] for r in read_jsonl(trainer.run_dir / "metrics.jsonl") if "val/rewards" in r]
+    assert val[-1] > val[0], f"validation reward {val}"
+    assert all(r["train_rollouts/init_policy_kl"] >= 0 for r in rows)
+
+
+def test_cli_train_prints_a_reward_summary(run_config, tmp_path, capsys):
+    import yaml
+
+    config = run_config(trainer={"max_steps": 2, "val_check_interval": 1, "save_interval": 2})
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    assert main(["train", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    first = rows[1]["train_rollouts/rewards"]
+    assert f"train reward (mean of 2 steps): {(first + rows[2]['train_rollouts/rewards']) / 2:+.3f}" in out
+    assert f"validation reward {rows[0]['val/rewards']:+.3f} at step 0" in out
+    assert "final policy:" in out

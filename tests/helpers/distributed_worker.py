@@ -1,0 +1,77 @@
+"""One rank of the data-parallel equivalence test (tests/aligner/test_distributed.py); rank 0 saves the results.
+
+    .venv/bin/python -m torch.distributed.run --standalone --nproc_per_node 2 -m tests.helpers.distributed_worker \
+        CFG OUT
+    .venv/bin/python -m tests.helpers.distributed_worker CFG OUT     # the 1-process reference
+
+Runs `ReinforceTrainer.fit` on the config in CFG (JSON) with a generator whose samples do not depend on how the
+prompts are split over ranks, and records the gradient of every optimiser step (after the all-reduce), the final
+weights, and the run's metrics and samples.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import zlib
+from pathlib import Path
+
+import torch
+
+from aligner import distributed
+from aligner.config import config_from_dict
+from aligner.generation.generator import _concat
+from aligner.trainers.reinforce import RANK_SEED_STRIDE, ReinforceTrainer
+from aligner.trainers.run_log import read_jsonl
+
+
+class PerPromptGenerator:
+    """Samples each prompt alone, seeded by its tokens and the step: the same responses on any rank, in any batch.
+
+    The real generator's noise depends on the batch it samples (and the rank's seed), so 1 and 2 processes would
+    draw different responses; this keeps the rollout identical and the comparison about the update alone.
+    """
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def update_weights(self, model) -> None:
+        self.inner.update_weights(model)
+
+    def generate(self, prompt_ids: list[list[int]], num_samples: int, seed: int):
+        base = seed - distributed.rank() * RANK_SEED_STRIDE
+        parts = [
+            self.inner.generate([ids], num_samples, base + zlib.crc32(json.dumps(ids).encode())) for ids in prompt_ids
+        ]
+        out = _concat(parts, self.inner.pad_id)
+        out.group_ids = torch.arange(len(prompt_ids)).repeat_interleave(num_samples)
+        return out
+
+
+def main(config_path: str, out_path: str) -> None:
+    trainer = ReinforceTrainer(config_from_dict(json.loads(Path(config_path).read_text())))
+    trainer.setup()
+    trainer.generator = PerPromptGenerator(trainer.generator)
+    grads = []
+    trainer.optimizer.register_step_pre_hook(
+        lambda *_: grads.append(
+            {n: p.grad.clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
+        )
+    )
+    trainer.fit()
+    if distributed.is_main():
+        torch.save(
+            {
+                "world_size": distributed.world_size(),
+                "grads": grads,
+                "weights": {k: v.clone() for k, v in trainer.policy.state_dict().items()},
+                "metrics": read_jsonl(trainer.run_dir / "metrics.jsonl"),
+                "samples": read_jsonl(trainer.run_dir / "samples.jsonl"),
+            },
+            out_path,
+        )
+    distributed.destroy()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

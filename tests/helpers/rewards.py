@@ -1,0 +1,27 @@
+"""Reward functions of the test runs, by reference (`reward.function: tests.helpers.rewards:letter_reward`)."""
+
+from __future__ import annotations
+
+import time
+
+
+def letter_reward(prompts, responses):
+    """Share of the letter 'e' in the response: any policy gets a graded, non-constant signal."""
+    return [r.count("e") / max(1, len(r)) for r in responses]
+
+
+def length_reward(prompts, responses, metadata):
+    """len(response), plus 100 when the response equals the line's `answer`: every input shows in the value."""
+    return [len(r) + (100.0 if m.get("answer") == r else 0.0) for r, m in zip(responses, metadata)]
+
+
+def varied_reward(prompts, responses):
+    """Differs between almost any two responses: every step has non-zero advantages to train on."""
+    return [(len(r) % 7) / 7 + r.count("e") for r in responses]
+
+
+def paced_letter_reward(prompts, responses):
+    """`letter_reward`, taking at least 0.1 s a call: steps of a known minimum length, so that a test can act
+    between two steps (tiny steps otherwise take a few milliseconds)."""
+    time.sleep(0.1)
+    return letter_reward(prompts, responses)
