@@ -16,7 +16,7 @@ from aligner.algorithms.reinforce import advantages_from_baseline
 from aligner.run_layout import list_checkpoints
 from aligner.trainers.run_log import read_jsonl
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["tell me about the cat.", "describe the dog.", "a bird", "the old river", "the sea", "a song", "the cat"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 

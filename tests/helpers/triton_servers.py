@@ -14,7 +14,7 @@ import requests
 
 from aligner.processes import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 90
 
 

@@ -52,12 +52,11 @@ def events(factory, job_id, kind=None):
 
 def test_names_match_the_trainer():
     """The worker repeats these names so that it never imports torch; they must stay the trainer's."""
-    from aligner import metrics, trainer
-
-    assert (ingest.METRICS_FILE, ingest.SAMPLES_FILE) == (metrics.METRICS_FILE, metrics.SAMPLES_FILE)
+    from aligner import run_layout
     from worker import runner
 
-    assert runner.FINAL_POLICY_DIR == trainer.FINAL_POLICY_DIR
+    assert (ingest.METRICS_FILE, ingest.SAMPLES_FILE) == (run_layout.METRICS_FILE, run_layout.SAMPLES_FILE)
+    assert runner.FINAL_POLICY_DIR == run_layout.FINAL_POLICY_DIR
 
 
 def test_tail_leaves_a_partial_last_line_for_the_next_read(tmp_path):

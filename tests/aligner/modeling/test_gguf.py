@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from aligner import gguf
 from aligner.cli import main
 from aligner.errors import GGUFImportError
+from aligner.modeling import gguf
 from aligner.modeling.gguf import import_gguf, resolve_gguf_source
 
 MISSING = "no-such-gguf-package-xyz"
@@ -313,7 +313,7 @@ def test_train_one_step_on_smollm2(smollm2_dir, tmp_path):
     from aligner.cli import main as cli_main
     from aligner.trainers.run_log import read_jsonl
 
-    config = Path(__file__).resolve().parents[1] / "configs" / "smollm2_reinforce.yaml"
+    config = Path(__file__).resolve().parents[3] / "configs" / "smollm2_reinforce.yaml"
     overrides = {
         "model.policy_path": smollm2_dir,
         "run_dir": tmp_path / "run",

@@ -21,7 +21,8 @@ pytest.importorskip("megatron.core")
 from aligner.config import ModelConfig  # noqa: E402
 from aligner.modeling import megatron as mb  # noqa: E402
 
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[3]
+HELPERS = ROOT / "tests" / "helpers"
 
 
 def tiny_hf_state(**overrides) -> tuple[object, dict[str, torch.Tensor]]:
@@ -137,10 +138,10 @@ def test_model_config_backend_fields(monkeypatch):
 @pytest.fixture(scope="module")
 def two_rank_results(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("megatron") / "results.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS.parent)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     proc = subprocess.run(
-        [*cmd, str(TESTS / "megatron_worker.py"), str(out)], env=env, capture_output=True, text=True, timeout=240
+        [*cmd, str(HELPERS / "megatron_worker.py"), str(out)], env=env, capture_output=True, text=True, timeout=240
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out, weights_only=False)

@@ -19,7 +19,8 @@ pytest.importorskip("megatron.core")
 from aligner.cli import main  # noqa: E402
 from aligner.trainers.run_log import read_jsonl  # noqa: E402
 
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[3]
+HELPERS = ROOT / "tests" / "helpers"
 PROMPTS = ["tell me about the cat.", "describe the dog.", "a bird", "the old river", "the sea", "a song"]
 
 
@@ -48,11 +49,11 @@ def _config(tmp_path: Path, policy: Path, run: str, **model) -> Path:
 
 
 def _torchrun(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS.parent)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     done = subprocess.run(
-        [*cmd, str(TESTS / "megatron_train.py"), *args],
-        cwd=TESTS.parent,
+        [*cmd, str(HELPERS / "megatron_train.py"), *args],
+        cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
