@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=_cmd_train)
 
     train_rm = sub.add_parser("train-rm", help="train a reward model (Bradley-Terry) on preference pairs")
-    train_rm.add_argument("--config", required=True, help="YAML config file (aligner/reward_model.py)")
+    train_rm.add_argument("--config", required=True, help="YAML config file (aligner/trainers/reward_model.py)")
     train_rm.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set optim.lr=1e-4"
     )
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo_assets)
 
     srv = sub.add_parser("serve-reward", help="serve a reward model or function with PyTriton (Triton HTTP/gRPC)")
-    srv.add_argument("--config", help="YAML file of RewardServerConfig fields (aligner/reward_server.py)")
+    srv.add_argument("--config", help="YAML file of RewardServerConfig fields (aligner/servers/reward_server.py)")
     srv.add_argument("--model", help="Hugging Face sequence-classification reward model folder")
     srv.add_argument("--function", help="reward function 'module:callable' (prompts, responses[, metadata])")
     srv.add_argument("--tokenizer", help="tokenizer folder for `tokens` inputs (default: the model's)")
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.set_defaults(func=_cmd_serve_reward)
 
     critic = sub.add_parser("serve-critic", help="serve and train PPO's critic (and the reward) with PyTriton")
-    critic.add_argument("--config", help="YAML file of CriticServerConfig fields (aligner/critic_server.py)")
+    critic.add_argument("--config", help="YAML file of CriticServerConfig fields (aligner/servers/critic_server.py)")
     critic.add_argument("--model", help="reward model folder the critic starts from (as `aligner train-rm` writes)")
     critic.add_argument("--checkpoint", help="critic_save file (or folder) to continue from")
     critic.add_argument("--host", help="address to listen on (default 127.0.0.1)")

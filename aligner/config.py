@@ -160,7 +160,8 @@ class GenerationConfig(Section):
     fast_decode: bool = Field(
         True,
         description="Decode Llama-architecture models with Aligner's own step and a preallocated KV cache "
-        "(aligner/fast_decode.py); false, or another architecture, decodes through transformers' forward.",
+        "(aligner/generation/llama_decoder.py); false, or another architecture, decodes through transformers' "
+        "forward.",
     )
     compile: bool | Literal["auto"] = Field(
         "auto",
@@ -249,7 +250,7 @@ class TrainerConfig(Section):
 
 
 class PPOConfig(Section):
-    """PPO's actor side (aligner/ppo_trainer.py); defaults and names are NeMo-Aligner's. The rollout sizes are the
+    """PPO's actor side (aligner/trainers/ppo.py); defaults and names are NeMo-Aligner's. The rollout sizes are the
     `reinforce` section's (num_prompts_per_step, num_rollouts_per_prompt), so `algorithm` alone switches a job."""
 
     ratio_eps: float = Field(0.2, gt=0, description="Clip of the probability ratio: 1 - eps .. 1 + eps.")
@@ -295,7 +296,7 @@ class CriticConfig(Section):
 
 
 class TrainConfig(Section):
-    """A whole run: REINFORCE / RLOO (aligner/trainer.py) or PPO (aligner/ppo_trainer.py), by `algorithm`."""
+    """A whole run: REINFORCE / RLOO (aligner/trainers/reinforce.py) or PPO (aligner/trainers/ppo.py): `algorithm`."""
 
     run_dir: str = Field("runs/reinforce", description="Metrics, samples, checkpoints and the final policy go here.")
     seed: int = Field(1234, description="Seeds data order, sampling and initialisation.")

@@ -1,9 +1,9 @@
 """Prompt datasets: upload a JSONL prompt file, list yours (`/api/v1/datasets`).
 
-An upload is checked with `aligner.data.read_prompt_file` (422 with the `file:line: reason` of each bad line) and
-stored as DATA_DIR/datasets/user_<id>/<random>.jsonl. The returned `path` is relative to the data folder, which is
-what a job config's relative paths are relative to: `"data": {"train_file": "<path>", ...}`. Uploads may be up to
-MAX_DATASET_SIZE bytes (256 MiB), unlike other requests (MAX_CONTENT_LENGTH, 1 MiB).
+An upload is checked with `aligner.data.prompts.read_prompt_file` (422 with the `file:line: reason` of each bad
+line) and stored as DATA_DIR/datasets/user_<id>/<random>.jsonl. The returned `path` is relative to the data folder,
+which is what a job config's relative paths are relative to: `"data": {"train_file": "<path>", ...}`. Uploads may be
+up to MAX_DATASET_SIZE bytes (256 MiB), unlike other requests (MAX_CONTENT_LENGTH, 1 MiB).
 """
 
 from __future__ import annotations

@@ -181,7 +181,7 @@ class EventsQuery(Schema):
 
 # ----------------------------------------------------------------------------------------------------- datasets
 class DatasetIn(Schema):
-    file = File(required=True, metadata={"description": "A prompt JSONL file (see aligner/data.py)."})
+    file = File(required=True, metadata={"description": "A prompt JSONL file (see aligner/data/prompts.py)."})
     name = String(validate=[Length(min=1, max=200), no_nul], metadata={"description": "Default: the file's name."})
 
 

@@ -1,7 +1,8 @@
 """Choosing the next token from logits: temperature, top-k, top-p, a ban on EOS, inverse-CDF sampling.
 
 Pure functions on tensors with no randomness of their own: the caller draws the uniform numbers, so the same
-draws give the same tokens whether these run eagerly or inside the compiled decode step (aligner/fast_decode.py).
+draws give the same tokens whether these run eagerly or inside the compiled decode step
+(aligner/generation/llama_decoder.py).
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ Training and the reference policy run a model over [prompt | response] rows: abo
 model. transformers' forward does that in two calls (the distinct prompts into a cache, then the responses), each
 building masks and cache objects and running each projection separately. `llama_grouped_logits` runs the same
 arithmetic on one flat matrix of tokens, the G distinct prompts' and the B responses' (each prompt once, as
-`aligner.models.grouped_response_logits` does), so every projection is one matmul over both; q, k and v come out
-of one matmul and gate and up of another, each RMSNorm's weight and the attention scaling folded into the matmul
-that reads them (as in the decode step, `aligner.fast_decode`). Autograd differentiates it like any torch code:
-gradients reach every parameter of the model, the folded norm weights included.
+`aligner.modeling.logprobs.grouped_response_logits` does), so every projection is one matmul over both; q, k and v
+come out of one matmul and gate and up of another, each RMSNorm's weight and the attention scaling folded into the
+matmul that reads them (as in the decode step, `aligner.generation.llama_decoder`). Autograd differentiates it like
+any torch code: gradients reach every parameter of the model, the folded norm weights included.
 
 It takes the model's own rotary embedding (every RoPE variant is the model's) and applies to the models
 `supports_fast_forward` accepts: Llama with plain Linear projections (not LoRA-wrapped or patched), SiLU, no
@@ -44,7 +44,7 @@ def supports_fast_forward(model: nn.Module) -> bool:
 
 
 def llama_grouped_logits(model: nn.Module, batch) -> torch.Tensor:
-    """Float32 logits [B, T, V] predicting each response token of `batch` (an `aligner.models.ResponseBatch`).
+    """Float32 logits [B, T, V] predicting each response token of `batch` (a `ResponseBatch`).
 
     Row layout of the flat token matrix: the G left-padded prompts (G x P), then the B responses without their last
     token (B x (T - 1)); response b attends to its prompt's keys (`batch.group[b]`) and, causally, to its own.

@@ -7,7 +7,7 @@ head, so that before any training the value at a sequence's last token is its re
 like the rewards, ``(head(h_t) - reward_mean) / reward_std``, as NeMo-Aligner's critic does. With
 `combine_rm_and_critic_server` (the default) a frozen copy of the reward model serves the rewards as well.
 
-Triton models, as NeMo-Aligner's critic server (HTTP/gRPC KServe v2; the client is aligner/critic_client.py):
+Triton models, as NeMo-Aligner's critic server (HTTP/gRPC KServe v2; the client is aligner/trainers/critic_client.py):
 - `critic_infer`: `tokens` INT64 [B, S] (zero-padded) and `sequence_lengths` INT64 [B, 1] -> `values` FP32 [B, S]
   (0 past each length) and, when combined, `rewards` FP32 [B, 1] (standardised). `values[b, t]` is the value of the
   prefix `tokens[b, :t + 1]`: against per-token log-probs [B, S - 1] (token t + 1 given the prefix) use
@@ -25,7 +25,7 @@ rejects a request with a missing input, a wrong shape or type, or mismatched bat
 by the critic itself (a length past the tokens, returns of another width, a relative path, ...) come back as HTTP
 500 with a message starting "bad request: " (the only status PyTriton gives a model's exceptions), which the
 client does not retry. The server keeps serving either way. SIGTERM or Ctrl-C stops it cleanly, as the reward
-server (aligner/reward_server.py, whose Triton helpers this reuses).
+server (aligner/servers/reward_server.py, whose Triton helpers this reuses).
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ import torch
 from pydantic import Field
 
 from aligner.algorithms.ppo import clipped_value_loss
+from aligner.servers.launch import CRITIC_MODELS
 from aligner.servers.reward_server import RewardScorer, RewardServerConfig
 from aligner.servers.triton import BadRequest, TritonEndpointConfig, decode_text, require_pytriton, run_triton
 
 CHECKPOINT_FILE = "critic.pt"
 CHECKPOINT_FORMAT = "aligner-critic/1"
-CRITIC_MODELS = ("critic_infer", "critic_train", "critic_save")
 
 
 class CriticServerConfig(TritonEndpointConfig):

@@ -15,7 +15,7 @@ import requests
 from aligner.errors import ServerStartError
 from aligner.processes import die_with_parent, free_port, signal_group
 
-CRITIC_MODELS = ("critic_infer", "critic_train", "critic_save")  # aligner/critic_server.py's MODELS
+CRITIC_MODELS = ("critic_infer", "critic_train", "critic_save")  # what the critic server binds, in this order
 
 
 def _critic_dies_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec

@@ -33,7 +33,7 @@ class BadRequest(ValueError):
     """A request the server cannot serve; the message says why.
 
     PyTriton answers every exception of a model's function with HTTP 500; the message's `BAD_REQUEST` prefix tells
-    the clients (`aligner.reward_client.request_json`) it is the caller's fault: shown as is, never retried.
+    the clients (`aligner.rewards.http.request_json`) it is the caller's fault: shown as is, never retried.
     """
 
     def __init__(self, reason: str):

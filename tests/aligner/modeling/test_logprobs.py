@@ -1,4 +1,4 @@
-"""aligner.models: grouped (prompt computed once) log-probs against plain concatenated rows, and the CPU allocator."""
+"""Grouped log-probs (each prompt computed once) against plain concatenated rows, and the CPU allocator."""
 
 import pytest
 import torch

@@ -1,5 +1,5 @@
-"""LoRA adapters (aligner/lora.py): only adapters train, the reference is the base with adapters disabled (no copy),
-resume is exact, and the exported policy is a merged plain Hugging Face folder."""
+"""LoRA adapters (aligner/modeling/lora.py): only adapters train, the reference is the base with adapters disabled
+(no copy), resume is exact, and the exported policy is a merged plain Hugging Face folder."""
 
 import sys
 

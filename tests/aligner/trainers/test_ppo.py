@@ -1,4 +1,4 @@
-"""The PPO trainer (aligner/ppo_trainer.py) against live critic servers it starts itself.
+"""The PPO trainer (aligner/trainers/ppo.py) against live critic servers it starts itself.
 
 Run: .venv/bin/python -m pytest tests/aligner/trainers/test_ppo.py -q            (add -m "not slow" for the fast ones)
 """
