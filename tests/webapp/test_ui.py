@@ -1,4 +1,5 @@
-"""The dashboard's helpers without a browser: API JSON -> DataFrames, 422 errors -> form fields, form -> job body."""
+"""The dashboard's helpers without a browser: API JSON -> DataFrames, 422 errors -> form fields, form -> job body.
+The app itself is only built here; tests/webapp/test_ui_browser.py drives it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import datetime as dt
 import pytest
 import yaml
 
+from aligner.config import TrainConfig
 from webapp import ui
+from webapp.ui import api, form, frames
 
 NOW = dt.datetime(2026, 11, 22, 19, 0, 0, tzinfo=dt.UTC)
 
@@ -22,14 +25,14 @@ def test_jobs_frame_has_one_row_per_job_with_progress_reward_and_age():
         ],
         "total": 2,
     }  # fmt: skip
-    frame = ui.jobs_frame(page, NOW)
+    frame = frames.jobs_frame(page, NOW)
     assert list(frame.columns) == ["id", "name", "algorithm", "status", "step", "latest reward", "age"]
     assert frame.values.tolist() == [
         [2, "b", "ppo", "running", "3/10", "+0.5000", "5 min"],
         [1, "a", "reinforce", "queued", "0/4", "", "2 d"],  # a job without the field is REINFORCE
     ]
-    assert ui.jobs_frame({"items": []}).empty
-    assert ui.age("2026-11-22T18:59:58", NOW) == "2 s"  # naive times are UTC
+    assert frames.jobs_frame({"items": []}).empty
+    assert frames.age("2026-11-22T18:59:58", NOW) == "2 s"  # naive times are UTC
 
 
 def test_metrics_frame_is_long_format_sorted_and_typed():
@@ -42,7 +45,7 @@ def test_metrics_frame_is_long_format_sorted_and_typed():
             "timers/train": [[1, 0.25]],
         },
     }
-    frame = ui.metrics_frame(body, ["train_rollouts/rewards", "val/rewards"])
+    frame = frames.metrics_frame(body, ["train_rollouts/rewards", "val/rewards"])
     assert frame.values.tolist() == [
         [1, 0.1, "train_rollouts/rewards"],
         [2, 0.2, "train_rollouts/rewards"],
@@ -50,19 +53,19 @@ def test_metrics_frame_is_long_format_sorted_and_typed():
         [2, 0.3, "val/rewards"],
     ]
     assert str(frame["step"].dtype) == "int64" and str(frame["value"].dtype) == "float64"
-    timers = ui.timers_frame(body)
+    timers = frames.timers_frame(body)
     assert sorted(set(timers["series"])) == ["generate", "train"]
-    empty = ui.metrics_frame({"metrics": {}}, ["train_rollouts/rewards"])
+    empty = frames.metrics_frame({"metrics": {}}, ["train_rollouts/rewards"])
     assert empty.empty and str(empty["value"].dtype) == "float64"
-    assert ui.plot_value(empty) is None and ui.plot_value(frame) is frame
+    assert frames.plot_value(empty) is None and frames.plot_value(frame) is frame
 
 
 def test_compare_frame_labels_each_job():
     bodies = {"1: a": {"metrics": {"train_rollouts/rewards": [[1, 0.1]]}},
               "2: b": {"metrics": {"train_rollouts/rewards": [[1, 0.3], [2, 0.4]]}}}  # fmt: skip
-    frame = ui.compare_frame(bodies, "train_rollouts/rewards")
+    frame = frames.compare_frame(bodies, "train_rollouts/rewards")
     assert frame["series"].tolist() == ["1: a", "2: b", "2: b"]
-    assert ui.compare_frame({}, "x").empty
+    assert frames.compare_frame({}, "x").empty
 
 
 PPO_BODY = {
@@ -82,8 +85,8 @@ PPO_BODY = {
 
 
 def test_a_ppo_job_page_shows_the_critic_charts_beside_reward_kl_and_loss():
-    charts = {title: (frame, shown) for title, frame, shown in ui.job_charts({"algorithm": "ppo"}, PPO_BODY)}
-    assert list(charts) == [t for t, _n, _y in ui.CHARTS] + ["Critic loss", "Value estimates", "Clip fraction",
+    charts = {title: (frame, shown) for title, frame, shown in frames.job_charts({"algorithm": "ppo"}, PPO_BODY)}
+    assert list(charts) == [t for t, _n, _y in frames.CHARTS] + ["Critic loss", "Value estimates", "Clip fraction",
                                                              "Entropy"]  # fmt: skip
     assert all(shown for _frame, shown in charts.values())
     for title, name, values in [
@@ -97,37 +100,39 @@ def test_a_ppo_job_page_shows_the_critic_charts_beside_reward_kl_and_loss():
     ]:
         frame = charts[title][0]
         assert frame["series"].unique().tolist() == [name] and frame["value"].tolist() == values, title
-    assert set(ui.timers_frame(PPO_BODY)["series"]) == {"critic_infer", "critic_train"} <= set(ui.TIMER_PHASES)
+    assert set(frames.timers_frame(PPO_BODY)["series"]) == {"critic_infer", "critic_train"} <= set(frames.TIMER_PHASES)
 
-    reinforce = ui.job_charts({"algorithm": "reinforce"}, {"metrics": {"train_rollouts/rewards": [[1, 0.1]]}})
-    assert [shown for _t, _f, shown in reinforce] == [True] * len(ui.CHARTS) + [False] * len(ui.PPO_CHARTS)
-    assert "(PPO)" in ui.job_summary({"id": 3, "name": "p", "status": "running", "step": 2, "max_steps": 9,
+    reinforce = frames.job_charts({"algorithm": "reinforce"}, {"metrics": {"train_rollouts/rewards": [[1, 0.1]]}})
+    assert [shown for _t, _f, shown in reinforce] == [True] * len(frames.CHARTS) + [False] * len(frames.PPO_CHARTS)
+    assert "(PPO)" in frames.job_summary({"id": 3, "name": "p", "status": "running", "step": 2, "max_steps": 9,
                                       "algorithm": "ppo"})  # fmt: skip
 
 
 def test_compare_works_across_algorithms():
     rloo = {"metrics": {"train_rollouts/rewards": [[1, 0.2]], "train_optim/loss": [[1, 0.3]]}}
     for metric in ("train_rollouts/rewards", "train_optim/loss"):  # the same names in both trainers
-        frame = ui.compare_frame({"1: a (reinforce)": rloo, "3: p (ppo)": PPO_BODY}, metric)
+        frame = frames.compare_frame({"1: a (reinforce)": rloo, "3: p (ppo)": PPO_BODY}, metric)
         assert frame["series"].tolist() == ["1: a (reinforce)", "3: p (ppo)", "3: p (ppo)"], metric
-    assert {"train_optim/critic_loss", "train_rollouts/values"} <= set(ui.COMPARE_METRICS)
-    only_ppo = ui.compare_frame({"1: a (reinforce)": rloo, "3: p (ppo)": PPO_BODY}, "train_optim/critic_loss")
+    assert {"train_optim/critic_loss", "train_rollouts/values"} <= set(frames.COMPARE_METRICS)
+    only_ppo = frames.compare_frame({"1: a (reinforce)": rloo, "3: p (ppo)": PPO_BODY}, "train_optim/critic_loss")
     assert only_ppo["series"].tolist() == ["3: p (ppo)", "3: p (ppo)"]
 
 
 def test_the_form_picks_the_algorithm_and_the_critic_model():
-    body = ui.build_job({"name": "p", "algorithm": "ppo", "critic_model_path": " models/rm "}, "ppo: {ratio_eps: 0.1}")
+    body = form.build_job(
+        {"name": "p", "algorithm": "ppo", "critic_model_path": " models/rm "}, "ppo: {ratio_eps: 0.1}"
+    )
     assert body["config"] == {"algorithm": "ppo", "critic": {"model_path": "models/rm"}, "ppo": {"ratio_eps": 0.1}}
-    by_field, _other = ui.field_errors({"config.critic": ["needs a critic"], "config.algorithm": ["bad"]})
+    by_field, _other = form.field_errors({"config.critic": ["needs a critic"], "config.algorithm": ["bad"]})
     assert by_field == {"critic_model_path": ["needs a critic"], "algorithm": ["bad"]}
 
 
 def test_samples_and_checkpoints_frames():
     page = {"items": [{"step": 1, "split": "train", "index": 0, "prompt": "p", "response": "r", "reward": 1.0,
                        "kl": 0.1, "advantage": -0.5, "is_end": True}], "total": 1}  # fmt: skip
-    assert ui.samples_frame(page).values.tolist() == [[1, "train", 0, "p", "r", 1.0, 0.1, -0.5, True]]
+    assert frames.samples_frame(page).values.tolist() == [[1, "train", 0, "p", "r", 1.0, 0.1, -0.5, True]]
     ckpts = {"items": [{"step": 2, "path": "/runs/job_1/checkpoints/step_000002", "created_at": "t"}]}
-    assert ui.checkpoints_frame(ckpts)["step"].tolist() == [2]
+    assert frames.checkpoints_frame(ckpts)["step"].tolist() == [2]
 
 
 def test_parse_sse_and_event_log_keep_status_checkpoint_and_log_events():
@@ -138,11 +143,11 @@ def test_parse_sse_and_event_log_keep_status_checkpoint_and_log_events():
         'id: 2\nevent: metrics\ndata: {"step":1}\n\n'
         'id: 3\nevent: checkpoint\ndata: {"step":2,"path":"x"}\n\n'
     )
-    events = ui.parse_sse(text)
+    events = api.parse_sse(text)
     assert [(e["id"], e["kind"]) for e in events] == [(1, "status"), (2, "metrics"), (3, "checkpoint")]
-    log = ui.event_log(events)
+    log = frames.event_log(events)
     assert "#1 status" in log and "#3 checkpoint" in log and "metrics" not in log
-    assert ui.event_log([]) == "(no events yet)"
+    assert frames.event_log([]) == "(no events yet)"
 
 
 def test_field_errors_map_422_paths_to_form_fields():
@@ -154,13 +159,13 @@ def test_field_errors_map_422_paths_to_form_fields():
         "name": ["Shorter than minimum length 1."],
         "config": ["bad"],
     }
-    by_field, other = ui.field_errors(errors)
+    by_field, other = form.field_errors(errors)
     assert by_field["lr"] == ["Input should be greater than 0 (got -1)"]
     assert by_field["reward_function"] == by_field["reward_server_url"] == errors["config.reward"]
     assert by_field["train_file"] == ["file not found: x.jsonl"]
     assert by_field["name"] == ["Shorter than minimum length 1."]
     assert other == {"config.trainer.max_stepz": ["unknown field"], "config": ["bad"]}
-    listed = ui.errors_markdown(errors)
+    listed = form.errors_markdown(errors)
     assert "**Learning rate** (`config.optim.lr`): Input should be greater than 0" in listed
     assert "`config.trainer.max_stepz`: unknown field" in listed
 
@@ -170,7 +175,7 @@ def test_build_job_puts_form_fields_over_the_advanced_yaml():
               "reward_server_url": "http://127.0.0.1:8000", "reward_function": "", "max_steps": 4.0, "lr": 0.001,
               "num_prompts_per_step": None}  # fmt: skip
     advanced = "optim: {warmup_steps: 0, lr: 1.0}\nreward: {function: m:f, timeout_s: 5}\nrun_dir: /elsewhere\n"
-    body = ui.build_job(values, advanced)
+    body = form.build_job(values, advanced)
     assert body["name"] == "run"
     config = body["config"]
     assert config["optim"] == {"warmup_steps": 0, "lr": 0.001}
@@ -178,11 +183,11 @@ def test_build_job_puts_form_fields_over_the_advanced_yaml():
     assert config["trainer"] == {"max_steps": 4} and isinstance(config["trainer"]["max_steps"], int)
     assert "run_dir" not in config and "reinforce" not in config  # empty fields are left to the server's defaults
     with pytest.raises(ValueError, match="mapping"):
-        ui.build_job(values, "- a list")
+        form.build_job(values, "- a list")
 
 
 def test_presets_offer_the_demo_model_when_its_assets_exist(tmp_path):
-    assert list(ui.presets(tmp_path)) == ["defaults"]
+    assert list(form.presets(tmp_path)) == ["defaults"]
     demo = tmp_path / "demo_assets"
     demo.mkdir()
     (demo / "train.jsonl").write_text('{"prompt": "x"}\n')
@@ -190,12 +195,12 @@ def test_presets_offer_the_demo_model_when_its_assets_exist(tmp_path):
               "reward": {"function": "aligner.demo:reward"}, "optim": {"lr": 0.002, "warmup_steps": 0},
               "trainer": {"max_steps": 60}}  # fmt: skip
     (demo / "reinforce.yaml").write_text(yaml.safe_dump(config))
-    preset = ui.presets(tmp_path)["demo tiny model"]
+    preset = form.presets(tmp_path)["demo tiny model"]
     assert preset["form"]["policy_path"] == str(demo / "policy")  # absolute: the server's data folder may differ
     assert preset["form"]["lr"] == 0.002 and preset["form"]["max_steps"] == 60
     rest = yaml.safe_load(preset["yaml"])
     assert rest["optim"]["warmup_steps"] == 0 and "lr" not in rest["optim"]
-    body = ui.build_job(preset["form"], preset["yaml"])
+    body = form.build_job(preset["form"], preset["yaml"])
     reward_rest = {k: v for k, v in rest["reward"].items() if k != "model_path"}  # one source: the form's
     assert body["config"]["reward"] == {**reward_rest, "function": "aligner.demo:reward"}
 
@@ -206,15 +211,25 @@ def test_the_app_builds(tmp_path):
 
 
 def test_one_validation_prompt_followed_across_steps():
-    from webapp.ui import prompt_history, validation_prompts
-
     items = [
         {"step": 2, "split": "validation", "prompt": "p1", "response": "b", "reward": 0.5, "kl": 0.1},
         {"step": 0, "split": "validation", "prompt": "p1", "response": "a", "reward": 0.1, "kl": 0.0},
         {"step": 0, "split": "validation", "prompt": "p2", "response": "c", "reward": 0.2, "kl": 0.0},
         {"step": 1, "split": "train", "prompt": "p1", "response": "t", "reward": 9.0, "kl": 0.0},
     ]
-    assert validation_prompts(items) == ["p1", "p2"]
-    history = prompt_history(items, "p1")
+    assert frames.validation_prompts(items) == ["p1", "p2"]
+    history = frames.prompt_history(items, "p1")
     assert history["step"].tolist() == [0, 2] and history["response"].tolist() == ["a", "b"]
-    assert prompt_history(items, None).empty
+    assert frames.prompt_history(items, None).empty
+
+
+def test_the_form_starts_from_the_configs_defaults():
+    given = {"policy_path": "p", "train_file": "t", "val_file": "v", "reward_function": "m:f"}
+    minimal = TrainConfig(
+        model={"policy_path": "p"}, data={"train_file": "t", "val_file": "v"}, reward={"function": "m:f"}
+    )
+    shown = form.form_from_config(minimal.model_dump(mode="json"))
+    assert {key: value for key, value in shown.items() if key not in given} == form.DEFAULTS
+    assert {"algorithm", "num_prompts_per_step", "kl_penalty", "lr", "max_steps", "temperature"} <= set(form.DEFAULTS)
+    assert form.CHOICES == {"algorithm": ["reinforce", "ppo"]}
+    assert form.config_default("config.reward.server_url") is None  # inside an optional section

@@ -21,7 +21,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
-# The flags this machine needs (shared NOTES.md, "Chromium for browser tests"); Playwright adds --user-data-dir.
+# Flags for a headless Chromium run as root in a container without a GPU or network access (no sandbox, no GPU, no
+# QUIC, no background fetches, updates or sync); Playwright adds --user-data-dir.
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",

@@ -1,0 +1,60 @@
+"""The dashboard: a Gradio app that is purely a client of the REST API (it reads no database and no run folder).
+
+    aligner ui --api-url http://127.0.0.1:5000 [--port 7860] [--host 127.0.0.1] [--data-dir aligner_data]
+
+`aligner up` starts it too and prints its URL. Sign in with an API token (`aligner token create --user NAME`); the
+token lives in the browser session's state (a reload asks for it again) and goes with every request as
+`Authorization: Bearer TOKEN`. Tabs:
+
+- Jobs: your jobs (id, name, algorithm, status, step / max_steps, latest reward, age), refreshed every few seconds;
+  cancel, resume or retry the selected job (click a row, or type its id).
+- New job: the main knobs of a config (the algorithm, REINFORCE or PPO, and PPO's critic model), an advanced YAML
+  editor merged under them, presets (aligner.config's defaults, and the demo tiny model when DATA_DIR/demo_assets
+  holds one); a 422 from the API is shown under the field it concerns.
+- Job page: live line charts of GET /jobs/{id}/metrics (a PPO job's critic loss, value estimates, clip fraction and
+  entropy too), status, the event log (a PPO job's critic server starting and stopping) and the checkpoints.
+- Samples: the generations of a step (train / validation), filtered by step and reward range; one validation
+  prompt followed across steps.
+- Compare: one metric of several jobs on one chart, whatever their algorithms (the same names mean the same).
+
+Everything shown is fetched from the API, so a reload loses nothing but the token. Modules: `api` (the REST client),
+`frames` (API JSON -> pandas DataFrames and text), `form` (the New job form: defaults, presets, form -> job body,
+422 errors -> fields), all tested without a browser; `tabs` (the Gradio layout, one builder per tab).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+CSS = ".field-error p { color: #c0392b; margin: 0; font-size: 0.9em; }"
+
+
+def build_app(api_url: str, data_dir: Path | None = None):
+    """The dashboard (a gr.Blocks) for the API at `api_url`, with the presets found in `data_dir`."""
+    # Gradio loads here, not at import: the helper modules and their tests do without it.
+    import gradio as gr
+
+    from webapp.ui import tabs
+    from webapp.ui.form import presets
+
+    with gr.Blocks(title="Aligner") as app:
+        session, sign_in = tabs.header(api_url)
+        with gr.Tabs():
+            jobs_table = tabs.jobs_tab(session)
+            tabs.new_job_tab(session, presets(data_dir))
+            tabs.job_page_tab(session)
+            tabs.samples_tab(session)
+            tabs.compare_tab(session)
+        tabs.wire_sign_in(session, sign_in, jobs_table)
+    return app
+
+
+def run(args: argparse.Namespace) -> None:
+    """The `aligner ui` command: serve the dashboard until Ctrl-C."""
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home (and none possible offline)
+    data_dir = Path(args.data_dir).expanduser().resolve() if args.data_dir else None
+    app = build_app(args.api_url, data_dir)
+    app.queue(default_concurrency_limit=8)
+    app.launch(server_name=args.host, server_port=args.port, ssr_mode=False, css=CSS, footer_links=[], show_error=True)

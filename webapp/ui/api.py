@@ -1,0 +1,80 @@
+"""The dashboard's client of the REST API: requests as one user, refusals as ApiError, the SSE event stream."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import requests
+
+from aligner.errors import AlignerError
+
+TIMEOUT_S = 10
+
+
+class ApiError(AlignerError, RuntimeError):
+    """A refused or failed request: `status` (0: unreachable), the API's message and its per-field errors."""
+
+    def __init__(self, status: int, message: str, errors: dict[str, list[str]] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.errors = status, message, errors or {}
+
+
+class Api:
+    """The REST API at `base_url` (e.g. http://127.0.0.1:5000) as one user (`token`)."""
+
+    def __init__(self, base_url: str, token: str):
+        self.base = base_url.rstrip("/") + "/api/v1"
+        self.headers = {"Authorization": f"Bearer {token}"}
+
+    def request(self, method: str, path: str, **kwargs) -> requests.Response:
+        try:
+            response = requests.request(method, self.base + path, headers=self.headers, timeout=TIMEOUT_S, **kwargs)
+        except requests.RequestException as err:
+            raise ApiError(0, f"the API at {self.base} cannot be reached: {err}") from None
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = {}
+            message = body.get("message") if isinstance(body, dict) else None
+            errors = body.get("errors") if isinstance(body, dict) else None
+            raise ApiError(response.status_code, message or response.text[:300] or response.reason, errors)
+        return response
+
+    def get(self, path: str, **params) -> Any:
+        return self.request("GET", path, params=params).json()
+
+    def post(self, path: str, body: dict | None = None) -> Any:
+        return self.request("POST", path, json=body).json()
+
+    def events(self, job_id: int, batches: int = 20) -> list[dict]:
+        """The job's events so far (the SSE stream read with timeout=0, 500 events a batch)."""
+        events: list[dict] = []
+        last = 0
+        for _ in range(batches):
+            text = self.request("GET", f"/jobs/{job_id}/events", params={"timeout": 0, "last_event_id": last}).text
+            batch = parse_sse(text)
+            events += batch
+            if len(batch) < 500:
+                break
+            last = batch[-1]["id"]
+        return events
+
+
+def parse_sse(text: str) -> list[dict]:
+    """Server-Sent Events text -> [{"id", "kind", "data"}] (comments and the retry field skipped)."""
+    events = []
+    for block in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.splitlines():
+            if line and not line.startswith(":"):
+                key, _, value = line.partition(":")
+                fields[key] = value.removeprefix(" ")
+        if "data" in fields:
+            try:
+                data = json.loads(fields["data"])
+            except ValueError:
+                data = fields["data"]
+            events.append({"id": int(fields.get("id", 0)), "kind": fields.get("event", "message"), "data": data})
+    return events

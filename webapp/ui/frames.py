@@ -1,0 +1,193 @@
+"""API JSON -> what the dashboard shows: pandas DataFrames for its tables and line charts, Markdown and text."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pandas as pd
+
+# Charts of the job page: (title, metric names, y title). Several names share a chart, one colour each.
+CHARTS: list[tuple[str, list[str], str]] = [
+    ("Reward", ["train_rollouts/rewards", "val/rewards"], "reward"),
+    ("Reward with KL penalty", ["train_rollouts/rewards_with_kl"], "reward - beta KL"),
+    ("KL to the initial policy", ["train_rollouts/init_policy_kl"], "KL"),
+    ("Loss", ["train_optim/loss"], "loss"),
+    ("Grad norm", ["train_optim/grad_norm"], "grad norm"),
+    ("Response length", ["train_rollouts/response_lengths", "val/response_lengths"], "tokens"),
+    (
+        "Fraction properly ended",
+        ["train_rollouts/fraction_of_samples_properly_ended", "val/fraction_of_samples_properly_ended"],
+        "fraction",
+    ),
+]
+# A PPO job's charts, beside the ones above (aligner/trainers/ppo.py logs the shared metrics under the same names).
+PPO_CHARTS: list[tuple[str, list[str], str]] = [
+    ("Critic loss", ["train_optim/critic_loss"], "loss"),
+    ("Value estimates", ["train_rollouts/values"], "value"),
+    ("Clip fraction", ["train_optim/clip_fraction"], "fraction"),
+    ("Entropy", ["train_optim/entropy"], "nats per token"),
+]
+TIMERS_PREFIX = "timers/"
+TIMER_PHASES = ["generate", "logprobs", "init_logprobs", "reward", "critic_infer", "train", "critic_train", "validate"]
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+
+
+def color_map(names: list[str]) -> dict[str, str]:
+    """Fixed colours for a chart's series: Gradio 6.31 keeps the series of a plot's first data, so name them all."""
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
+
+
+COMPARE_METRICS = [
+    "train_rollouts/rewards",
+    "train_rollouts/rewards_with_kl",
+    "train_rollouts/init_policy_kl",
+    "train_rollouts/response_lengths",
+    "train_rollouts/fraction_of_samples_properly_ended",
+    "train_optim/loss",
+    "train_optim/grad_norm",
+    "train_optim/lr",
+    "val/rewards",
+    "train_rollouts/values",
+    "train_optim/critic_loss",
+    "train_optim/clip_fraction",
+    "train_optim/entropy",
+]
+JOB_COLUMNS = ["id", "name", "algorithm", "status", "step", "latest reward", "age"]
+SAMPLE_COLUMNS = ["step", "split", "index", "prompt", "response", "reward", "kl", "advantage", "is_end"]
+EVENT_KINDS_SHOWN = ("status", "checkpoint", "log")  # metrics and samples events are what the charts show
+
+
+def age(created_at: str | None, now: dt.datetime | None = None) -> str:
+    """`2026-11-22T19:00:00+00:00` -> "12 s", "5 min", "3 h", "2 d"."""
+    if not created_at:
+        return ""
+    then = dt.datetime.fromisoformat(created_at)
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=dt.UTC)
+    seconds = max(0, int(((now or dt.datetime.now(dt.UTC)) - then).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
+
+
+def jobs_frame(page: dict, now: dt.datetime | None = None) -> pd.DataFrame:
+    """GET /jobs -> one row per job: id, name, algorithm, status, step (as step/max_steps), latest reward, age."""
+    rows = []
+    for job in page.get("items", []):
+        reward = job.get("latest_reward")
+        rows.append(
+            [
+                job["id"],
+                job["name"],
+                job.get("algorithm") or job.get("kind") or "reinforce",
+                job["status"],
+                f"{job.get('step', 0)}/{job.get('max_steps', '?')}",
+                "" if reward is None else f"{reward:+.4f}",
+                age(job.get("created_at"), now),
+            ]
+        )
+    return pd.DataFrame(rows, columns=JOB_COLUMNS)
+
+
+def metrics_frame(body: dict, names: list[str] | None = None, strip_prefix: str = "") -> pd.DataFrame:
+    """GET /jobs/{id}/metrics -> long format: step, value, series (the metric's name less `strip_prefix`)."""
+    metrics = body.get("metrics", body) if isinstance(body, dict) else {}
+    rows = []
+    for name, points in metrics.items():
+        if names is not None and name not in names:
+            continue
+        series = name.removeprefix(strip_prefix)
+        rows += [(int(step), float(value), series) for step, value in points if value is not None]
+    return series_frame(rows).sort_values(["series", "step"], ignore_index=True)
+
+
+def series_frame(rows: list[tuple[int, float, str]] | None = None) -> pd.DataFrame:
+    """step (int), value (float), series (str): typed even when empty, as the plots take their axis types from it."""
+    frame = pd.DataFrame(rows or [], columns=["step", "value", "series"])
+    return frame.astype({"step": "int64", "value": "float64", "series": "object"})
+
+
+def timers_frame(body: dict) -> pd.DataFrame:
+    """The timers/* metrics (seconds per step by phase: generate, logprobs, reward, train, ...)."""
+    metrics = body.get("metrics", {})
+    names = [name for name in metrics if name.startswith(TIMERS_PREFIX)]
+    return metrics_frame(body, names, strip_prefix=TIMERS_PREFIX)
+
+
+def job_charts(job: dict, body: dict) -> list[tuple[str, pd.DataFrame, bool]]:
+    """(title, data, shown) of every chart of the job page, CHARTS then PPO_CHARTS: the PPO ones are shown for a PPO
+    job (or any job that logged their metrics)."""
+    metrics = body.get("metrics", {}) if isinstance(body, dict) else {}
+    ppo_metrics = {name for _title, names, _y in PPO_CHARTS for name in names}
+    is_ppo = job.get("algorithm") == "ppo" or bool(ppo_metrics & set(metrics))
+    charts = [(title, metrics_frame(body, names), True) for title, names, _y in CHARTS]
+    return charts + [(title, metrics_frame(body, names), is_ppo) for title, names, _y in PPO_CHARTS]
+
+
+def plot_value(frame: pd.DataFrame) -> pd.DataFrame | None:
+    """What a gr.LinePlot gets: None rather than an empty frame (one that drew nothing stays blank in Gradio 6.31)."""
+    return frame if len(frame) else None
+
+
+def compare_frame(bodies: dict[str, dict], metric: str) -> pd.DataFrame:
+    """{label: GET /jobs/{id}/metrics body} -> one metric of each job: step, value, series (= the label)."""
+    frames = []
+    for label, body in bodies.items():
+        frame = metrics_frame(body, [metric])
+        frame["series"] = label
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else series_frame()
+
+
+def samples_frame(page: dict) -> pd.DataFrame:
+    """GET /jobs/{id}/samples -> one row per generation."""
+    return pd.DataFrame(
+        [[item.get(c) for c in SAMPLE_COLUMNS] for item in page.get("items", [])], columns=SAMPLE_COLUMNS
+    )
+
+
+def validation_prompts(items: list[dict]) -> list[str]:
+    """The distinct prompts of validation samples, in order of first appearance."""
+    return list(dict.fromkeys(i["prompt"] for i in items if i.get("split") == "validation"))
+
+
+def prompt_history(items: list[dict], prompt: str | None) -> pd.DataFrame:
+    """How the answer to one validation prompt changed: one row per step (step, response, reward, KL)."""
+    rows = sorted(
+        ([i["step"], i["response"], i["reward"], i.get("kl")] for i in items
+         if i.get("split") == "validation" and i["prompt"] == prompt),
+        key=lambda r: r[0],
+    )  # fmt: skip
+    return pd.DataFrame(rows, columns=["step", "response", "reward", "kl"])
+
+
+def checkpoints_frame(body: dict) -> pd.DataFrame:
+    return pd.DataFrame(
+        [[c["step"], c["path"], c["created_at"]] for c in body.get("items", [])],
+        columns=["step", "path", "created_at"],
+    )
+
+
+def job_summary(job: dict, num_steps_logged: int = 0) -> str:
+    reward = job.get("latest_reward")
+    algorithm = job.get("algorithm") or "reinforce"
+    lines = [
+        f"### Job {job['id']}: {job['name']} ({'PPO' if algorithm == 'ppo' else 'REINFORCE'})",
+        f"**status** `{job['status']}` · **step** {job['step']}/{job['max_steps']}"
+        + ("" if reward is None else f" · **latest reward** {reward:+.4f}")
+        + f" · **attempts** {job.get('attempts', 0)} · **metrics logged for** {num_steps_logged} steps",
+    ]
+    if job.get("error"):
+        lines.append(f"**error**\n```\n{job['error']}\n```")
+    return "\n\n".join(lines)
+
+
+def event_log(events: list[dict], last: int = 100) -> str:
+    lines = []
+    for event in [e for e in events if e["kind"] in EVENT_KINDS_SHOWN][-last:]:
+        data = event["data"]
+        text = json.dumps(data, separators=(", ", ": ")) if not isinstance(data, str) else data
+        lines.append(f"#{event['id']} {event['kind']}: {text}")
+    return "\n".join(lines) or "(no events yet)"
