@@ -146,6 +146,8 @@ class Launch:
 
 
 class JobRun:
+    """One run of one job by this worker, `owner` of its lease while it runs (the steps of this module's docstring)."""
+
     def __init__(self, job_id: int, settings: Settings, factory: sessionmaker[Session], owner: str | None = None):
         self.job_id, self.settings, self.factory = job_id, settings, factory
         self.owner = owner or lease_owner()
