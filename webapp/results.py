@@ -27,6 +27,7 @@ from apiflask.schemas import FileSchema
 from flask import Response, current_app, request, send_file
 from sqlalchemy import func, select
 
+from aligner.run_layout import FINAL_POLICY_DIR
 from webapp.auth import auth
 from webapp.db import FINAL_STATUSES, Checkpoint, Event, Job, Metric, Sample
 from webapp.errors import abort_fields
@@ -44,7 +45,6 @@ from webapp.schemas import (
 
 bp = APIBlueprint("results", __name__, url_prefix="/api/v1/jobs", tag="Job results")
 
-FINAL_POLICY_DIR = "final_policy"  # as aligner.trainer writes it
 EVENT_BATCH = 500
 
 

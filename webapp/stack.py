@@ -196,6 +196,8 @@ def submit_demo_job(urls: dict, demo_dir: Path) -> int:
 
 def follow_job(urls: dict, job_id: int, stop: threading.Event) -> dict:
     """Print the job's progress (step, reward, KL) until it ends; returns the final job."""
+    from webapp.db import FINAL_STATUSES
+
     headers = {"Authorization": f"Bearer {urls['token']}"}
     last_step = -1
     while not stop.is_set():
@@ -205,7 +207,7 @@ def follow_job(urls: dict, job_id: int, stop: threading.Event) -> dict:
             reward = job.get("latest_reward")
             shown = "" if reward is None else f", reward {reward:+.3f}"
             _status(f"job {job_id}: {job['status']}, step {job['step']}/{job.get('max_steps', '?')}{shown}")
-        if job["status"] in ("succeeded", "failed", "cancelled"):
+        if job["status"] in FINAL_STATUSES:
             return job
         stop.wait(1.0)
     return {}

@@ -7,16 +7,21 @@ One job at a time per worker (the trainer uses the cores; start more workers on 
 database `ALIGNER_DATABASE_URL` (webapp/db.py). Send a job with `enqueue_job(job_id)`; no result backend is used:
 the job's row in the database is the result.
 
-Delivery (measured on Celery 5.7 + Redis, /work/shared/NOTES.md):
+Delivery, as measured with Celery 5.7 and Redis:
 - `task_acks_late` + `worker_prefetch_multiplier=1`: a message is acknowledged when its job ends, and a worker
-  holds one message at a time. `task_reject_on_worker_lost`: a pool process that dies puts its message back.
+  holds one message at a time. A task whose worker was SIGKILLed is delivered again, but only after the broker's
+  `visibility_timeout` (default 1 hour); Redis's scan for such messages runs rarely unless
+  `unacked_restore_interval` and `unacked_restore_throttle` are lowered (they are, below).
+- `task_reject_on_worker_lost`: a pool process that dies puts its message back; without it the task fails with
+  `WorkerLostError` when only the pool child is killed.
 - Redis hands an unacknowledged message out again after `visibility_timeout`, even while its job is still
-  running. Training jobs are long, so the timeout is long (12 h, `ALIGNER_VISIBILITY_TIMEOUT`), and a copy that
-  arrives anyway finds the job's live lease in the database and stands down (worker/runner.py).
+  running (a 25 s task with a 10 s timeout was started 4 times). Training jobs are long, so the timeout is long
+  (12 h, `ALIGNER_VISIBILITY_TIMEOUT`), and a copy that arrives anyway finds the job's live lease in the database
+  and stands down (worker/lease.py).
 - Recovery from a lost worker therefore does not wait for the broker: every worker runs `requeue_stale_jobs()`
-  when it is ready and then every `ALIGNER_SWEEP_INTERVAL` seconds in a background thread (Celery beat is not
-  needed): a running job without a heartbeat for `ALIGNER_LEASE_TIMEOUT` seconds is re-queued and resumes from
-  its last checkpoint.
+  (worker/recovery.py) when it is ready and then every `ALIGNER_SWEEP_INTERVAL` seconds in a background thread
+  (Celery beat is not needed): a running job without a heartbeat for `ALIGNER_LEASE_TIMEOUT` seconds is re-queued
+  and resumes from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ import threading
 from celery import Celery, signals
 
 from webapp.queues import BROKER_URL, QUEUE, send_run_job
-from worker.runner import Settings, requeue_stale_jobs
+from worker.recovery import requeue_stale_jobs
+from worker.settings import Settings
 
 VISIBILITY_TIMEOUT = int(os.environ.get("ALIGNER_VISIBILITY_TIMEOUT", 12 * 3600))
 

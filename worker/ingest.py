@@ -1,8 +1,9 @@
 """Follow a run directory and copy what the trainer writes into SQL, idempotently.
 
-The trainer appends `metrics.jsonl` and `samples.jsonl` (aligner/metrics.py) and renames `checkpoints/step_N.tmp`
-to `checkpoints/step_N` when a checkpoint is complete (aligner/trainer.py). `RunIngestor.poll` reads the lines
-added since its last call (a last line without its newline is left for the next call) and writes:
+The trainer appends `metrics.jsonl` and `samples.jsonl` (aligner/trainers/run_log.py) and renames
+`checkpoints/step_N.tmp` to `checkpoints/step_N` when a checkpoint is complete (aligner/run_layout.py).
+`RunIngestor.poll` reads the lines added since its last call (a last line without its newline is left for the next
+call) and writes:
 
 - `Metric` rows, one per (step, name), upserted on the unique key: reading a file again never duplicates a row;
 - `Sample` rows, `index` counting within (step, split), upserted on (job, step, split, index);
@@ -26,37 +27,13 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from aligner.run_layout import checkpoint_steps
+from aligner.run_layout import METRICS_FILE, SAMPLES_FILE, checkpoint_steps
 from webapp.db import Checkpoint, Job, Metric, Sample, add_event
 
 log = logging.getLogger(__name__)
 
-# The same names as aligner.metrics and aligner.trainer (checked by tests/worker/test_ingest.py), repeated here so
-# that the worker does not import torch.
-METRICS_FILE = "metrics.jsonl"
-SAMPLES_FILE = "samples.jsonl"
 REWARD_METRIC = "train_rollouts/rewards"
 EXAMPLE_CHARS = 500  # prompt and response of the example in a `samples` event are cut to this length
-
-
-def truncate_jsonl_after(path: Path, step: int | None) -> None:
-    """Keep the lines of steps <= `step` (all lines dropped for None), as the trainer does when it starts.
-
-    The worker does this before it launches the trainer, so the files only grow while it follows them.
-    """
-    if not path.exists():
-        return
-    if step is None:
-        path.unlink()
-        return
-    kept = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            if json.loads(line)["step"] <= step:
-                kept.append(line)
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue
-    path.write_text("".join(k + "\n" for k in kept))
 
 
 class JsonlTail:

@@ -19,7 +19,7 @@ from typing import Any
 from aligner.run_layout import METRICS_FILE, SAMPLES_FILE
 
 
-def _truncate_after(path: Path, step: int) -> None:
+def truncate_after(path: Path, step: int) -> None:
     """Keep only the lines of steps <= `step` (a line cut short by a crash is dropped too)."""
     if not path.exists():
         return
@@ -57,7 +57,7 @@ class RunLog:
             if resume_step is None:
                 path.unlink(missing_ok=True)
             else:
-                _truncate_after(path, resume_step)
+                truncate_after(path, resume_step)
 
     def _append(self, path: Path, rows: list[dict[str, Any]]) -> None:
         if self.enabled and rows:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from tests.worker.conftest import PgSchema, Service, create_job, wait_for
+from tests.helpers.service import PgSchema, Service, create_job, wait_for
 from webapp.db import Checkpoint, Event, Job, Metric, Sample, session_scope, transition, utcnow
 
 PACED = {"function": "tests.helpers.rewards:paced_letter_reward"}  # >= 0.1 s a step: a test can act between steps

@@ -8,10 +8,10 @@ import math
 from sqlalchemy import func, select
 
 from aligner.run_layout import checkpoint_steps
-from tests.worker.conftest import create_job
+from aligner.trainers.run_log import truncate_after
+from tests.helpers.service import create_job
 from webapp.db import Checkpoint, Event, Job, Metric, Sample, session_scope
-from worker import ingest
-from worker.ingest import JsonlTail, RunIngestor, prune_after, truncate_jsonl_after
+from worker.ingest import JsonlTail, RunIngestor, prune_after
 
 
 def metric_line(step, reward):
@@ -48,15 +48,6 @@ def events(factory, job_id, kind=None):
         if kind:
             stmt = stmt.where(Event.kind == kind)
         return [e.payload for e in session.scalars(stmt)]
-
-
-def test_names_match_the_trainer():
-    """The worker repeats these names so that it never imports torch; they must stay the trainer's."""
-    from aligner import run_layout
-    from worker import runner
-
-    assert (ingest.METRICS_FILE, ingest.SAMPLES_FILE) == (run_layout.METRICS_FILE, run_layout.SAMPLES_FILE)
-    assert runner.FINAL_POLICY_DIR == run_layout.FINAL_POLICY_DIR
 
 
 def test_tail_leaves_a_partial_last_line_for_the_next_read(tmp_path):
@@ -193,10 +184,8 @@ def test_prune_and_truncate_before_a_resume(factory, tmp_path):
     assert rows(factory, Sample.step, Sample.index) == [(2, 0), (2, 1)]
     assert rows(factory, Checkpoint.step) == []
     assert rows(factory, Job.step, Job.latest_reward, where=Job.id == job_id) == [(2, 0.2)]
-    truncate_jsonl_after(metrics, 2)
+    truncate_after(metrics, 2)  # what the worker does to the files before the trainer resumes
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, 1, 2]
-    truncate_jsonl_after(metrics, None)
-    assert not metrics.exists()
     with session_scope(factory) as session:
         prune_after(session, job_id, None)
     assert rows(factory, Metric.step) == [] and rows(factory, Job.step, where=Job.id == job_id) == [(0,)]

@@ -24,9 +24,14 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from tests.worker.conftest import create_job, wait_for
+from aligner.run_layout import CRITIC_LOG
+from tests.helpers.service import PgSchema, Service, create_job, wait_for
 from webapp.db import Base, Event, Job, Metric, make_engine, make_session_factory, session_scope, transition
-from worker.runner import CRITIC_LOG_FILE, CRITIC_PID_FILE, JobRun, Settings, _group_members, run_job
+from worker.processes import group_members, kill_leftover_critic
+from worker.recovery import requeue_stale_jobs
+from worker.run_files import CRITIC_PID_FILE
+from worker.runner import JobRun, run_job
+from worker.settings import Settings
 
 pytest.importorskip("pytriton")
 
@@ -125,7 +130,7 @@ def report(run_dir: Path) -> dict:
 
 
 def assert_critic_gone(run_dir: Path, pgid: int) -> None:
-    assert _group_members(pgid) == [], "a process of the critic server's group is still running"
+    assert group_members(pgid) == [], "a process of the critic server's group is still running"
     assert not (run_dir / CRITIC_PID_FILE).exists()
 
 
@@ -141,9 +146,9 @@ def test_a_ppo_job_gets_a_critic_server_that_stops_when_it_succeeds(factory, tmp
     assert_critic_gone(run_dir, seen["pgid"])
     log = messages(factory, job_id)
     started_at = [m for m in log if m.startswith("critic server started at ")]
-    assert started_at == [f"critic server started at {seen['url']} (log: {run_dir / CRITIC_LOG_FILE})"]
+    assert started_at == [f"critic server started at {seen['url']} (log: {run_dir / CRITIC_LOG})"]
     assert any(m.startswith(f"critic server at {seen['url']} stopped") for m in log)
-    assert "Started HTTPService" in (run_dir / CRITIC_LOG_FILE).read_text()
+    assert "Started HTTPService" in (run_dir / CRITIC_LOG).read_text()
     with session_scope(factory) as session:
         names = set(session.scalars(select(Metric.name).where(Metric.job_id == job_id, Metric.step == 4)))
         # the stop is recorded before the final status, so a client following the events sees it
@@ -257,7 +262,7 @@ def test_a_critic_server_that_does_not_start_fails_the_job_naming_its_log(factor
     error = job_row(factory, job_id).error
     first = error.splitlines()[0]
     assert first.startswith("cannot start the critic server: the critic server exited with status")
-    assert str(run_dir / CRITIC_LOG_FILE) in first and f"--- last lines of {CRITIC_LOG_FILE} ---" in error
+    assert str(run_dir / CRITIC_LOG) in first and f"--- last lines of {CRITIC_LOG} ---" in error
     assert not (run_dir / "fake_trainer.json").exists() and not (run_dir / CRITIC_PID_FILE).exists()
 
 
@@ -277,16 +282,16 @@ def test_a_ppo_job_with_its_own_critic_server_url_gets_none_started(factory, tmp
         assert result["outcome"] == "succeeded", result
         assert report(run_dir)["url"] == url and proc.poll() is None  # the external server is left alone
         assert not any("critic server" in m for m in messages(factory, job_id))
-        assert not (run_dir / CRITIC_LOG_FILE).exists()
+        assert not (run_dir / CRITIC_LOG).exists()
     finally:
         stop_server(proc, grace_s=1)
 
 
 @pytest.mark.slow
 def test_a_real_tiny_ppo_job_runs_end_to_end(factory, tmp_path, ppo_config):
-    """The real PPO trainer (aligner/ppo_trainer.py) through run_job: the worker's critic server serves and trains
+    """The real PPO trainer (aligner/trainers/ppo.py) through run_job: the worker's critic server serves and trains
     the critic, PPO's metrics reach SQL, the server is gone at the end."""
-    pytest.importorskip("aligner.ppo_trainer")
+    pytest.importorskip("aligner.trainers.ppo")
     run_dir = tmp_path / "run"
     config = ppo_config()
     config["critic"]["server_overrides"] = ["lr=1e-3", "num_threads=1"]
@@ -335,7 +340,6 @@ def test_the_recovery_sweep_kills_a_lost_workers_critic_server_and_nothing_else(
     import datetime as dt
 
     from webapp.db import utcnow
-    from worker.runner import kill_leftover_critic, requeue_stale_jobs
 
     stale, unrelated, elsewhere = (
         _sleeper("serve-critic", "--model", "rm"),
@@ -368,8 +372,6 @@ def test_a_sigkilled_celery_worker_leaves_a_critic_that_the_next_worker_kills(
 ):
     """Through the service: SIGKILL the Celery worker mid-job. Its trainer dies with it (PDEATHSIG) but its critic
     server stays; a new worker's sweep re-queues the job, the new run kills that server, starts its own, succeeds."""
-    from tests.worker.conftest import PgSchema, Service
-
     schema = PgSchema()
     env = {"ALIGNER_TRAINER_PYTHON": str(fake_trainer), "FAKE_TRAINER": "hold", "ALIGNER_CRITIC_STOP_GRACE": "2"}
     service = Service(schema, redis_url, tmp_path, **env)
@@ -383,20 +385,20 @@ def test_a_sigkilled_celery_worker_leaves_a_critic_that_the_next_worker_kills(
         wait_for(lambda: (run_dir / "fake_trainer.json").exists(), 90, "the trainer to start")
         stale_pgid = report(run_dir)["pgid"]
         first.kill()
-        assert _group_members(stale_pgid), "the critic server died with the worker: nothing to test"
+        assert group_members(stale_pgid), "the critic server died with the worker: nothing to test"
         (run_dir / "hold").unlink()
         service.start_worker()
         job = service.wait_final(job_id, timeout=120)
         assert job.status == "succeeded", job.error
         assert job.attempts == 2
-        assert _group_members(stale_pgid) == []
+        assert group_members(stale_pgid) == []
         second = report(run_dir)
         assert second["pgid"] != stale_pgid and second["ready"] == 200
         assert_critic_gone(run_dir, second["pgid"])
         started = [m for m in messages(service.factory, job_id) if m.startswith("critic server started at")]
         assert len(started) == 2
     finally:
-        if stale_pgid and _group_members(stale_pgid):
+        if stale_pgid and group_members(stale_pgid):
             os.killpg(stale_pgid, signal.SIGKILL)
         service.close()
         schema.drop()

@@ -9,16 +9,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
-from tests.worker.conftest import create_job
+from tests.helpers.service import create_job
 from webapp.db import Event, Job, Metric, Sample, session_scope, utcnow
-from worker.runner import (
-    Settings,
-    failure_message,
-    requeue_stale_jobs,
-    run_job,
-    take_lease,
-    trainer_command,
-)
+from worker.lease import take_lease
+from worker.recovery import requeue_stale_jobs
+from worker.runner import failure_message, run_job, trainer_command
+from worker.settings import Settings
 
 
 def settings(tmp_path, **kw) -> Settings:
