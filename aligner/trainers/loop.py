@@ -1,5 +1,5 @@
-"""What every training loop here shares (REINFORCE/PPO, the reward model, the demo's SFT): the AdamW they build,
-one optimiser step on accumulated gradients, and which steps validate. Each trainer keeps its own loop around these.
+"""The pieces the training loops share (REINFORCE/PPO, the reward model, the demo's SFT): the AdamW they build, one
+optimiser step on accumulated gradients, and which steps validate. Each trainer writes its own loop around them.
 """
 
 from __future__ import annotations
