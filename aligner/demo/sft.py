@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 import sys
 from collections.abc import Sequence
@@ -14,6 +13,7 @@ MAX_POSITIONS = 256
 DEFAULT_SFT_STEPS = 400
 SFT_BATCH_SIZE = 24
 SFT_LR = 6e-3
+SFT_MIN_LR_RATIO = 0.1  # the cosine decay ends at a tenth of SFT_LR
 
 
 def new_policy(tokenizer):
@@ -43,14 +43,6 @@ def chat_prompt(tokenizer, text: str) -> str:
     )
 
 
-def _lr_factor(step: int, steps: int) -> float:
-    warmup = max(1, steps // 10)
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 def sft(model, tokenizer, rng: random.Random, pool, steps: int, progress: bool) -> float:
     """Supervised training on freshly drawn examples; the loss covers the response tokens and the final EOS.
 
@@ -59,11 +51,14 @@ def sft(model, tokenizer, rng: random.Random, pool, steps: int, progress: bool) 
     import torch
     from tqdm import tqdm
 
+    from aligner.trainers.loop import optimizer_step
+    from aligner.trainers.schedule import lr_scheduler
+
     prompt_ids = {}
     for text, _ in pool:
         prompt_ids[text] = tokenizer(chat_prompt(tokenizer, text), add_special_tokens=False)["input_ids"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=SFT_LR, betas=(0.9, 0.98), weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, steps))
+    scheduler = lr_scheduler(optimizer, max(1, steps // 10), steps, min_ratio=SFT_MIN_LR_RATIO)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     model.train()
     losses = []
@@ -83,10 +78,7 @@ def sft(model, tokenizer, rng: random.Random, pool, steps: int, progress: bool) 
             mask[i, :n] = 1
         loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(optimizer, model.parameters(), 1.0, scheduler)
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     model.eval()

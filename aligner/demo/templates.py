@@ -52,7 +52,7 @@ trainer:
 """
 
 PPO_CONFIG_HEADER = """\
-# Demo PPO run: the settings of reinforce.yaml with `algorithm: ppo` and a critic (see aligner/ppo_trainer.py).
+# Demo PPO run: the settings of reinforce.yaml with `algorithm: ppo` and a critic (see aligner/trainers/ppo.py).
 # Run it with
 #     aligner train --config DIR/ppo.yaml
 # where DIR is this folder. `aligner train` starts a critic server (aligner serve-critic) from DIR/reward_model,

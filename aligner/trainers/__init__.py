@@ -1,1 +1,2 @@
-"""Trainers: REINFORCE / RLOO, PPO with a remote critic, reward models; their LR schedule, run logs, critic client."""
+"""Trainers: REINFORCE / RLOO, PPO with a remote critic, reward models; the loop pieces, LR schedule, checkpoint
+helpers, rollout records, run logs and critic client they share."""

@@ -44,7 +44,9 @@ from aligner.modeling.batches import ResponseBatch
 from aligner.modeling.logprobs import grouped_response_logits, token_logprobs
 from aligner.run_layout import CRITIC_DIR, CRITIC_LOG, checkpoint_steps, critic_checkpoint
 from aligner.trainers.critic_client import RemoteCriticClient
-from aligner.trainers.reinforce import ReinforceTrainer, sample_rows
+from aligner.trainers.loop import optimizer_step
+from aligner.trainers.reinforce import ReinforceTrainer
+from aligner.trainers.rollout import rollout_metrics, sample_prompt_indices, sample_rows
 
 
 @dataclass
@@ -163,27 +165,31 @@ class PPOTrainer(ReinforceTrainer):
             self.close()
 
     # ----------------------------------------------------------------------------------------------- rewards
-    def _score(self, gen: GenerationOutput, data: PromptDataset, prompt_indices: list[int]):
+    def _score(
+        self,
+        gen: GenerationOutput,
+        data: PromptDataset,
+        prompt_indices: list[int],
+        critic_future: Future | None = None,
+    ):
+        """With critic.use_critic_rewards the rewards are the critic server's: from `critic_future` (a critic_infer
+        of these samples under way), else from a request of their own."""
         if not self.config.critic.use_critic_rewards:
             return super()._score(gen, data, prompt_indices)
-        prompts = [data.texts[prompt_indices[g]] for g in gen.group_ids.tolist()]
-        tokens, lengths, _ = critic_rows(gen)
-        return prompts, _then(self.critic.infer(tokens, lengths), lambda out: out[1])
+        if critic_future is None:
+            tokens, lengths, _ = critic_rows(gen)
+            critic_future = self.critic.infer(tokens, lengths)
+        prompts = [data.texts[i] for i in sample_prompt_indices(gen, prompt_indices)]
+        return prompts, _then(critic_future, lambda out: out[1])
 
     # ----------------------------------------------------------------------------------------------- rollout
     def rollout(self, prompt_indices: list[int], data: PromptDataset) -> PPORollout:
         cfg, ppo = self.config, self.config.ppo
-        with self.timers.time("generate"):
-            gen = self.generator.generate(
-                [data.token_ids[i] for i in prompt_indices],
-                cfg.reinforce.num_rollouts_per_prompt,
-                self._sampling_seed(self.step),
-            )
+        gen = self._generate(prompt_indices, data)
         tokens, lengths, positions = critic_rows(gen)
         critic_future = self.critic.infer(tokens, lengths)  # runs on the server during the log-prob work below
-        if cfg.critic.use_critic_rewards:
-            prompts = [data.texts[prompt_indices[g]] for g in gen.group_ids.tolist()]
-            reward_future = _then(critic_future, lambda out: out[1])
+        if cfg.critic.use_critic_rewards:  # the rewards come with the values
+            prompts, reward_future = self._score(gen, data, prompt_indices, critic_future)
         else:
             with self.timers.time("reward"):
                 prompts, reward_future = self._score(gen, data, prompt_indices)
@@ -203,15 +209,16 @@ class PPOTrainer(ReinforceTrainer):
         if ppo.normalize_advantages:
             advantages = normalize_advantages(advantages, mask)
         kl = kl_penalty(logprobs, ref_logprobs, mask, absolute=ppo.use_absolute_kl)
-        metrics = {
-            "train_rollouts/rewards": rewards.mean().item(),
-            "train_rollouts/rewards_with_kl": token_rewards.sum(-1).mean().item(),
-            "train_rollouts/init_policy_kl": kl.mean().item(),
-            "train_rollouts/values": masked_mean(values, mask).item(),
-            "train_rollouts/returns": masked_mean(returns, mask).item(),
-            "train_rollouts/response_lengths": gen.response_lengths.float().mean().item(),
-            "train_rollouts/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
-        }
+        metrics = rollout_metrics(
+            gen,
+            rewards,
+            token_rewards.sum(-1),
+            kl,
+            {
+                "train_rollouts/values": masked_mean(values, mask).item(),
+                "train_rollouts/returns": masked_mean(returns, mask).item(),
+            },
+        )
         sample_advantages = masked_mean(advantages, mask, dim=-1)
         return PPORollout(
             batch=batch,
@@ -262,7 +269,6 @@ class PPOTrainer(ReinforceTrainer):
                 batch = rollout.batch.subset(mini)
                 mask = rollout.mask[mini]
                 normalizer = mask.sum().clamp(min=1)  # every token of the mini-batch weighs the same
-                self.optimizer.zero_grad(set_to_none=True)
                 loss_sum = 0.0
                 for rows, sub in self._micro_batches(batch):
                     logits = grouped_response_logits(self.policy, sub)
@@ -287,10 +293,10 @@ class PPOTrainer(ReinforceTrainer):
                     # The clip fraction comes as clipped tokens / normalizer: back to a count, summed over the rollout.
                     clip_fraction += clipped.item() * normalizer.item()
                     entropy_sum += (entropy.detach() * sub_mask).sum().item()
+                # The learning rate is the step's: the scheduler moves once, after the last mini-batch.
                 grad_norms.append(
-                    torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm).item()
+                    optimizer_step(self.optimizer, self.policy.parameters(), cfg.optim.max_grad_norm).item()
                 )
-                self.optimizer.step()
                 losses.append(loss_sum)
             self.scheduler.step()
             self.generator.update_weights(self.policy)

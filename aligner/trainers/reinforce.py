@@ -8,10 +8,10 @@ A step: draw `num_prompts_per_step` prompts, sample `num_rollouts_per_prompt` re
 compute the KL to the frozen initial policy, the RLOO baseline and the advantages, then one AdamW step over the
 batch in micro-batches. Lifecycle: `setup` -> `fit` (-> `rollout`, `optimise`, `validate`, `save_checkpoint`);
 `load_checkpoint` restores everything a step depends on, so 2 steps + resume + 2 steps equals 4 steps.
-`checkpoints/best.json` names the checkpoint with the best validation reward (`best_checkpoint`), which pruning keeps.
-PPO (aligner/ppo_trainer.py) is a subclass that replaces `rollout` and `optimise`.
+`checkpoints/best.json` names the checkpoint with the best validation reward (`checkpoint.best_checkpoint`), which
+pruning keeps. PPO (aligner/trainers/ppo.py) is a subclass that replaces `rollout` and `optimise`.
 
-SIGTERM or a first Ctrl-C stops the run at the next step boundary with a checkpoint saved.
+SIGTERM or a first Ctrl-C stops the run at the next step boundary with a checkpoint saved (`signals.py`).
 
 Under torchrun each rank generates for its share of the step's global prompts; the loss normaliser and the
 gradients are summed over ranks, so every rank takes the update one process would take on the whole batch.
@@ -24,12 +24,9 @@ on HF models refit from the gathered Megatron weights after each step, and each 
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
-import signal
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,8 +69,12 @@ from aligner.run_layout import (
     STATE_FILE,
     list_checkpoints,
 )
+from aligner.trainers.checkpoint import rng_state, set_rng_state, write_json_atomic
+from aligner.trainers.loop import adamw, is_validation_step, optimizer_step
+from aligner.trainers.rollout import rollout_metrics, sample_prompt_indices, sample_rows
 from aligner.trainers.run_log import RunLog, Timers
-from aligner.trainers.schedule import lr_multiplier
+from aligner.trainers.schedule import lr_scheduler
+from aligner.trainers.signals import stop_on_signals
 
 VALIDATION_SEED_OFFSET = 7_919  # validation samples with its own fixed noise, the same at every validation
 RANK_SEED_STRIDE = 1 << 32  # rank r samples with seed + r * stride: its own noise, never another step's
@@ -168,19 +169,9 @@ class ReinforceTrainer:
         trained = self.policy
         if self.uses_megatron:
             trained = self.megatron_model = self._build_megatron_model()
-        self.optimizer = torch.optim.AdamW(
-            [p for p in trained.parameters() if p.requires_grad],
-            lr=cfg.optim.lr,
-            betas=cfg.optim.betas,
-            eps=cfg.optim.eps,
-            weight_decay=cfg.optim.weight_decay,
-            # One kernel over all parameters instead of a loop of small ops (CPU and CUDA alike).
-            fused=self.device.type in ("cpu", "cuda"),
-        )
-        min_ratio = cfg.optim.min_lr / cfg.optim.lr
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda s: lr_multiplier(s, cfg.optim.warmup_steps, cfg.trainer.max_steps, min_ratio),
+        self.optimizer = adamw([p for p in trained.parameters() if p.requires_grad], cfg.optim, self.device)
+        self.scheduler = lr_scheduler(
+            self.optimizer, cfg.optim.warmup_steps, cfg.trainer.max_steps, min_ratio=cfg.optim.min_lr / cfg.optim.lr
         )
         self.sampler = PromptSampler(len(self.train_data), cfg.seed, cfg.data.shuffle)
         if resume and checkpoints:
@@ -268,7 +259,7 @@ class ReinforceTrainer:
             disable=not (cfg.progress_bar and distributed.is_main()),
             dynamic_ncols=True,
         )
-        with _stop_on_signals(self):
+        with stop_on_signals(self):
             if self.step == 0:
                 self.log.log_metrics(0, self.validate())
             # Signals reach the ranks at different moments: they agree on stopping, or one would wait for the others.
@@ -279,7 +270,7 @@ class ReinforceTrainer:
                 metrics = {**rollout.metrics, **self.optimise(rollout)}
                 self.step += 1
                 last = self.step == cfg.max_steps
-                if self.step % cfg.val_check_interval == 0 or last:
+                if is_validation_step(self.step, cfg.val_check_interval, cfg.max_steps):
                     with self.timers.time("validate"):
                         metrics.update(self.validate())
                 metrics.update(distributed.max_over_ranks(self.timers.pop()))  # a step waits for its slowest rank
@@ -313,6 +304,10 @@ class ReinforceTrainer:
         """Finish the current step, save a checkpoint, and return from `fit`."""
         self._stop_requested = True
 
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
+
     # ----------------------------------------------------------------------------------------------- rollout
     def _sampling_seed(self, step: int) -> int:
         # Derived from the step (and rank), so a resumed run samples exactly what an uninterrupted one would.
@@ -320,10 +315,19 @@ class ReinforceTrainer:
 
     def _score(self, gen: GenerationOutput, data: PromptDataset, prompt_indices: list[int]):
         """Start the reward request; prompts and metadata repeat for each sample of their prompt."""
-        per_sample = [prompt_indices[g] for g in gen.group_ids.tolist()]
+        per_sample = sample_prompt_indices(gen, prompt_indices)
         prompts = [data.texts[i] for i in per_sample]
         future = self.reward_client.submit(prompts, gen.responses, [data.metadata[i] for i in per_sample])
         return prompts, future
+
+    def _generate(self, prompt_indices: list[int], data: PromptDataset) -> GenerationOutput:
+        """`reinforce.num_rollouts_per_prompt` samples of each prompt, with this step's sampling noise."""
+        with self.timers.time("generate"):
+            return self.generator.generate(
+                [data.token_ids[i] for i in prompt_indices],
+                self.config.reinforce.num_rollouts_per_prompt,
+                self._sampling_seed(self.step),
+            )
 
     def _micro_batches(self, batch: ResponseBatch):
         """(rows, sub-batch) pairs of at most `optim.micro_batch_size` responses."""
@@ -359,12 +363,7 @@ class ReinforceTrainer:
         """
         cfg = self.config.reinforce
         prompt_indices = distributed.shard(prompt_indices)
-        with self.timers.time("generate"):
-            gen = self.generator.generate(
-                [data.token_ids[i] for i in prompt_indices],
-                cfg.num_rollouts_per_prompt,
-                self._sampling_seed(self.step),
-            )
+        gen = self._generate(prompt_indices, data)
         with self.timers.time("reward"):
             prompts, future = self._score(gen, data, prompt_indices)
         batch = gen.response_batch()
@@ -381,15 +380,7 @@ class ReinforceTrainer:
         advantages = advantages_from_baseline(shaped, baseline)
         if cfg.normalize_advantages:
             advantages = distributed.global_whiten(advantages)  # over the global batch, as one process would
-        lengths = gen.response_lengths.float()
-        metrics = {
-            "train_rollouts/rewards": rewards.mean().item(),
-            "train_rollouts/rewards_with_kl": shaped.mean().item(),
-            "train_rollouts/init_policy_kl": kl.mean().item(),
-            "train_rollouts/baseline": baseline.mean().item(),
-            "train_rollouts/response_lengths": lengths.mean().item(),
-            "train_rollouts/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
-        }
+        metrics = rollout_metrics(gen, rewards, shaped, kl, {"train_rollouts/baseline": baseline.mean().item()})
         metrics = distributed.mean_over_ranks(metrics, weight=rewards.numel())
         samples = sample_rows(self.step + 1, "train", prompts, gen, rewards, kl, advantages)
         return Rollout(
@@ -412,7 +403,6 @@ class ReinforceTrainer:
         # over micro-batches and ranks are the batch's, the same as one process computing it alone.
         normalizer = distributed.all_reduce_sum(normalizer).clamp(min=1)
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.zero_grad(set_to_none=True)
         total_loss = 0.0
         with self.timers.time("train"):
             for rows, sub in self._micro_batches(rollout.batch):
@@ -423,9 +413,9 @@ class ReinforceTrainer:
                 total_loss += loss.item()
             distributed.all_reduce_gradients(self.policy.parameters())
             total_loss = distributed.all_reduce_sum(torch.tensor(total_loss, device=self.device)).item()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.optim.max_grad_norm)
-            self.optimizer.step()
-            self.scheduler.step()
+            grad_norm = optimizer_step(
+                self.optimizer, self.policy.parameters(), cfg.optim.max_grad_norm, self.scheduler
+            )
             self.generator.update_weights(self.policy)
         return {"train_optim/loss": total_loss, "train_optim/grad_norm": grad_norm.item(), "train_optim/lr": lr}
 
@@ -486,7 +476,7 @@ class ReinforceTrainer:
         """
         final = self.run_dir / CHECKPOINT_DIR / f"step_{self.step:06d}"
         tmp = final.with_name(final.name + ".tmp")
-        rng_per_rank = distributed.all_gather_objects(_rng_state())
+        rng_per_rank = distributed.all_gather_objects(rng_state())
         self._update_best()
         if self.uses_megatron:
             # Each rank's optimiser holds the state of its own shard: every rank writes its file into the folder.
@@ -522,7 +512,7 @@ class ReinforceTrainer:
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         if self.best and self.best["step"] == self.step:
-            _write_json(final.parent / BEST_FILE, {**self.best, "path": final.name})
+            write_json_atomic(final.parent / BEST_FILE, {**self.best, "path": final.name})
         keep = self.config.trainer.keep_checkpoints
         if keep:
             best = self.best and final.with_name(f"step_{self.best['step']:06d}")
@@ -562,11 +552,7 @@ class ReinforceTrainer:
         self.sampler.load_state_dict(state["sampler"])
         per_rank = state.get("rng_per_rank", [])
         # Each rank continues its own random streams; with another number of processes, rank 0's are used.
-        rng = per_rank[distributed.rank()] if len(per_rank) == distributed.world_size() else state["rng"]
-        torch.set_rng_state(rng["torch"])
-        if rng["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        random.setstate(rng["python"])
+        set_rng_state(per_rank[distributed.rank()] if len(per_rank) == distributed.world_size() else state["rng"])
         self.step = state["step"]
         self.best = state.get("best")
         if distributed.is_main():
@@ -597,74 +583,8 @@ class ReinforceTrainer:
         self.optimizer.load_state_dict(torch.load(own, map_location=self.device, weights_only=False))
 
 
-def best_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint with the best validation reward (a new best is checkpointed when validated), if any."""
-    pointer = Path(run_dir) / CHECKPOINT_DIR / BEST_FILE
-    if not pointer.is_file():
-        return None
-    path = pointer.parent / json.loads(pointer.read_text())["path"]
-    return path if (path / STATE_FILE).is_file() else None
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data) + "\n")
-    tmp.replace(path)
-
-
-def _rng_state() -> dict[str, Any]:
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "python": random.getstate(),
-    }
-
-
-def sample_rows(step, split, prompts, gen: GenerationOutput, rewards, kl, advantages) -> list[dict[str, Any]]:
-    rows = []
-    for i, (prompt, response) in enumerate(zip(prompts, gen.responses)):
-        rows.append(
-            {
-                "step": step,
-                "split": split,
-                "prompt": prompt,
-                "response": response,
-                "reward": float(rewards[i]),
-                "kl": float(kl[i]),
-                "advantage": None if advantages is None else float(advantages[i]),
-                "is_end": bool(gen.is_end[i]),
-            }
-        )
-    return rows
-
-
 def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-
-
-class _stop_on_signals:
-    """SIGTERM and a first Ctrl-C request a stop at the next step boundary; a second Ctrl-C interrupts at once."""
-
-    def __init__(self, trainer: ReinforceTrainer):
-        self.trainer, self.previous = trainer, {}
-
-    def _handle(self, signum, frame) -> None:
-        if signum == signal.SIGINT and self.trainer._stop_requested:
-            raise KeyboardInterrupt
-        print(
-            f"\nsignal {signal.Signals(signum).name}: stopping after this step (checkpoint follows)", file=sys.stderr
-        )
-        self.trainer.request_stop()
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self.previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)

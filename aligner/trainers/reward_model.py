@@ -41,7 +41,9 @@ from aligner.data.preferences import TokenizedPairs, pad_right, read_preference_
 from aligner.data.prompts import PromptSampler
 from aligner.errors import ModelFolderError
 from aligner.run_layout import METRICS_FILE
+from aligner.trainers.loop import adamw, is_validation_step, optimizer_step
 from aligner.trainers.run_log import RunLog, read_jsonl
+from aligner.trainers.schedule import lr_scheduler
 
 CONFIG_FILE = "train_config.yaml"
 
@@ -184,13 +186,6 @@ def load_reward_model(path: str | Path, pad_token_id: int, dtype: str = "float32
     return model
 
 
-def lr_factor(step: int, warmup_steps: int, max_steps: int) -> float:
-    """Linear warmup to 1 over `warmup_steps`, then linear decay towards 0 at `max_steps`."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
-
-
 def _score_pairs(model, chosen: list[list[int]], rejected: list[list[int]], pad_id: int, device):
     """Rewards [n] of the chosen and [n] of the rejected texts, from one forward over all 2n texts."""
     ids, mask = pad_right(chosen + rejected, pad_id)
@@ -287,17 +282,8 @@ def train_reward_model(config: RewardModelTrainConfig) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         model = load_reward_model(config.model.init_path, pad_id, config.model.dtype).to(device)
-        optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=cfg_optim.lr,
-            betas=cfg_optim.betas,
-            eps=cfg_optim.eps,
-            weight_decay=cfg_optim.weight_decay,
-            fused=device.type in ("cpu", "cuda"),
-        )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: lr_factor(s, cfg_optim.warmup_steps, max_steps)
-        )
+        optimizer = adamw(model.parameters(), cfg_optim, device)
+        scheduler = lr_scheduler(optimizer, cfg_optim.warmup_steps, max_steps, decay="linear")
         # Seeded, reshuffled every epoch; a batch running past an epoch's end continues into the next.
         sampler = PromptSampler(len(train_data), config.seed, shuffle=True)
 
@@ -310,7 +296,6 @@ def train_reward_model(config: RewardModelTrainConfig) -> Path:
             model.train()
             indices = sampler.next_batch(cfg_optim.batch_size)
             lr = optimizer.param_groups[0]["lr"]
-            optimizer.zero_grad(set_to_none=True)
             chosen_all, rejected_all = [], []
             for start in range(0, len(indices), micro):
                 rows = indices[start : start + micro]
@@ -321,9 +306,7 @@ def train_reward_model(config: RewardModelTrainConfig) -> Path:
                 (bradley_terry_loss(c, r) * (len(rows) / len(indices))).backward()
                 chosen_all.append(c.detach())
                 rejected_all.append(r.detach())
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg_optim.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
+            grad_norm = optimizer_step(optimizer, model.parameters(), cfg_optim.max_grad_norm, scheduler)
             c, r = torch.cat(chosen_all), torch.cat(rejected_all)
             metrics = {
                 "train/loss": bradley_terry_loss(c, r).item(),
@@ -332,7 +315,7 @@ def train_reward_model(config: RewardModelTrainConfig) -> Path:
                 "train/grad_norm": grad_norm.item(),
                 "train/lr": lr,
             }
-            if step % config.trainer.val_check_interval == 0 or step == max_steps:
+            if is_validation_step(step, config.trainer.val_check_interval, max_steps):
                 metrics.update(evaluate(model, val_data, pad_id, device, micro))
             log.log_metrics(step, metrics)
             postfix = {"loss": f"{metrics['train/loss']:.3f}", "acc": f"{metrics['train/accuracy']:.2f}"}

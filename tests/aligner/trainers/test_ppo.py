@@ -16,8 +16,9 @@ from aligner.config import config_from_dict, load_config
 from aligner.errors import ConfigError
 from aligner.generation.generator import GenerationOutput
 from aligner.run_layout import BEST_FILE, CHECKPOINT_DIR, CRITIC_DIR, critic_checkpoint, list_checkpoints
+from aligner.trainers.checkpoint import best_checkpoint
 from aligner.trainers.ppo import PPOTrainer, critic_rows
-from aligner.trainers.reinforce import ReinforceTrainer, best_checkpoint
+from aligner.trainers.reinforce import ReinforceTrainer
 from aligner.trainers.run_log import read_jsonl
 
 PPO_METRICS = [

@@ -20,12 +20,12 @@ from aligner.trainers.reward_model import (
     RM_PATH_FIELDS,
     RewardModelTrainConfig,
     load_rm_config,
-    lr_factor,
     num_training_steps,
     train_reward_model,
     validation_summary,
 )
 from aligner.trainers.run_log import read_jsonl
+from aligner.trainers.schedule import lr_multiplier
 
 WORDS = ("the", "cat", "dog", "bird", "river", "sea", "old", "song", "runs", "can", "sing", "slow", "bright")
 PROMPT = "<|user|>\ntell me about the cat.\n<|assistant|>\n"
@@ -177,8 +177,9 @@ def test_length_of_the_run_and_lr_schedule(pref_dir, tiny_policy_dir, tmp_path):
     assert steps(max_steps=None) == 7  # 1 epoch: ceil(100 / 16)
     assert steps(max_steps=None, epochs=2.5) == 16  # ceil(250 / 16)
     # warmup 4: 1/4, ..., 4/4; then linear to 0 at step 20
-    assert [lr_factor(s, 4, 20) for s in (0, 3, 4, 12, 20)] == pytest.approx([0.25, 1.0, 1.0, 0.5, 0.0])
-    assert lr_factor(0, 0, 10) == 1.0
+    factors = [lr_multiplier(s, 4, 20, decay="linear") for s in (0, 3, 4, 12, 20)]
+    assert factors == pytest.approx([0.25, 1.0, 1.0, 0.5, 0.0])
+    assert lr_multiplier(0, 0, 10, decay="linear") == 1.0
 
 
 # --- training --------------------------------------------------------------------------------------------------

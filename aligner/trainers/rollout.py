@@ -1,0 +1,61 @@
+"""What REINFORCE and PPO make alike of a step's samples: each sample's prompt, the rows logged to samples.jsonl,
+and the train_rollouts/ metrics they share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from aligner.generation.generator import GenerationOutput
+
+
+def sample_prompt_indices(gen: GenerationOutput, prompt_indices: list[int]) -> list[int]:
+    """The dataset index of each sample's prompt (generation numbers a prompt by its place in `prompt_indices`)."""
+    return [prompt_indices[g] for g in gen.group_ids.tolist()]
+
+
+def rollout_metrics(
+    gen: GenerationOutput,
+    rewards: torch.Tensor,
+    rewards_with_kl: torch.Tensor,
+    kl: torch.Tensor,
+    extra: dict[str, float],
+) -> dict[str, float]:
+    """Means over the samples ([B] tensors); `extra` (the algorithm's own) goes after the KL, as metrics.jsonl has
+    always ordered them."""
+    return {
+        "train_rollouts/rewards": rewards.mean().item(),
+        "train_rollouts/rewards_with_kl": rewards_with_kl.mean().item(),
+        "train_rollouts/init_policy_kl": kl.mean().item(),
+        **extra,
+        "train_rollouts/response_lengths": gen.response_lengths.float().mean().item(),
+        "train_rollouts/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
+    }
+
+
+def sample_rows(
+    step: int,
+    split: str,
+    prompts: list[str],
+    gen: GenerationOutput,
+    rewards: torch.Tensor,
+    kl: torch.Tensor,
+    advantages: torch.Tensor | None,
+) -> list[dict[str, Any]]:
+    """One samples.jsonl row per sample; `advantages` is None for validation samples."""
+    rows = []
+    for i, (prompt, response) in enumerate(zip(prompts, gen.responses)):
+        rows.append(
+            {
+                "step": step,
+                "split": split,
+                "prompt": prompt,
+                "response": response,
+                "reward": float(rewards[i]),
+                "kl": float(kl[i]),
+                "advantage": None if advantages is None else float(advantages[i]),
+                "is_end": bool(gen.is_end[i]),
+            }
+        )
+    return rows
