@@ -70,3 +70,12 @@ def eos_token_ids(model: nn.Module, tokenizer) -> list[int]:
     if not ids:
         raise ValueError("the tokenizer and the model define no EOS token: responses could never end")
     return sorted(ids)
+
+
+def quiet_transformers() -> None:
+    """No transformers progress bars or warnings in a run's output (e.g. "newly initialized: score.weight", expected
+    when a reward model starts from a causal LM); errors still show."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()

@@ -48,7 +48,7 @@ from aligner.errors import ConfigError, RunDirError
 from aligner.generation.generator import GenerationOutput, TorchGenerator, resolve_compile
 from aligner.modeling.batches import ResponseBatch
 from aligner.modeling.device import keep_freed_memory, resolve_device
-from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer, save_policy
+from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer, quiet_transformers, save_policy
 from aligner.modeling.logprobs import grouped_response_logprobs
 from aligner.modeling.lora import (
     LoraReference,
@@ -134,7 +134,7 @@ class ReinforceTrainer:
             keep_freed_memory()
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        _quiet_transformers()
+        quiet_transformers()
         # None only for PPO taking its rewards from the critic server (PPOTrainer scores through it).
         self.reward_client = build_reward_client(cfg.reward, device=self.device) if cfg.reward else None
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.policy_path)
@@ -581,10 +581,3 @@ class ReinforceTrainer:
         mb.load_hf_weights(self.megatron_model, self.policy.state_dict(), self.policy.config)
         own = path / MEGATRON_OPTIMIZER_FILE.format(rank=distributed.rank())
         self.optimizer.load_state_dict(torch.load(own, map_location=self.device, weights_only=False))
-
-
-def _quiet_transformers() -> None:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()

@@ -168,7 +168,7 @@ def load_reward_model(path: str | Path, pad_token_id: int, dtype: str = "float32
 
     from aligner.errors import AlignerError
     from aligner.modeling.device import DTYPES
-    from aligner.modeling.hf import check_model_dir
+    from aligner.modeling.hf import check_model_dir, quiet_transformers
 
     check_model_dir(path, what="model.init_path")
     try:
@@ -243,11 +243,10 @@ def train_reward_model(config: RewardModelTrainConfig) -> Path:
     restored afterwards.
     """
     from tqdm.auto import tqdm
-    from transformers.utils import logging as hf_logging
 
     from aligner.errors import AlignerError
     from aligner.modeling.device import resolve_device
-    from aligner.modeling.hf import check_model_dir
+    from aligner.modeling.hf import check_model_dir, quiet_transformers
 
     # Input that can be wrong is checked before any model loads.
     out_dir = _check_output_dir(config)
@@ -261,9 +260,7 @@ def train_reward_model(config: RewardModelTrainConfig) -> Path:
     except (ValueError, RuntimeError) as err:
         raise AlignerError(str(err)) from None
 
-    # Not the "newly initialized: score.weight" notice (expected from a causal LM) nor transformers' progress bars.
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     tokenizer = load_rm_tokenizer(config.model.tokenizer_path or config.model.init_path)
     train_data = tokenize_pairs(train_pairs, tokenizer, config.data.max_length)
     val_data = tokenize_pairs(val_pairs, tokenizer, config.data.max_length)
