@@ -168,7 +168,7 @@ def load_reward_model(path: str | Path, pad_token_id: int, dtype: str = "float32
 
     from aligner.errors import AlignerError
     from aligner.modeling.device import DTYPES
-    from aligner.modeling.hf import check_model_dir, quiet_transformers
+    from aligner.modeling.hf import check_model_dir
 
     check_model_dir(path, what="model.init_path")
     try:
