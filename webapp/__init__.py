@@ -1,4 +1,4 @@
-"""The training service's REST API (Flask + APIFlask), and the Gradio UI to come.
+"""The training service's REST API (Flask + APIFlask); the Gradio dashboard (webapp/ui.py, `aligner ui`) is its client.
 
     flask --app webapp run                   # development server (threaded), http://127.0.0.1:5000/api/v1/docs
     gunicorn -k gthread --threads 8 -w 2 'webapp:create_app()'
@@ -24,9 +24,10 @@ from typing import Any
 
 API_TITLE = "Aligner"
 API_DESCRIPTION = (
-    "Train language models with REINFORCE / RLOO as jobs: submit a config, follow its metrics, samples and events, "
-    "download the aligned policy. Every endpoint but /health needs `Authorization: Bearer TOKEN` "
-    '(`aligner token create --user NAME`). Errors are `{"message": ..., "errors": {field: [reasons]}}`.'
+    "Train language models with REINFORCE / RLOO or PPO (`algorithm: ppo`) as jobs: submit a config, follow its "
+    "metrics, samples and events, download the aligned policy. Every endpoint but /health needs "
+    "`Authorization: Bearer TOKEN` (`aligner token create --user NAME`). "
+    'Errors are `{"message": ..., "errors": {field: [reasons]}}`.'
 )
 
 

@@ -85,7 +85,8 @@ def _alive(pid: int) -> bool:
 
 
 def _fix_triton_python_stub() -> None:
-    """Triton's Python backend stub must load this interpreter's libpython, not the system's (../shared/NOTES.md)."""
+    """Triton's Python backend stub must load this interpreter's libpython: with the system's (another patch release)
+    the models fail to load (`'_thread.RLock' object has no attribute '_recursion_count'`)."""
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     current = os.environ.get("LD_LIBRARY_PATH", "")
     if libdir and libdir not in current.split(":"):
