@@ -1,3 +1,3 @@
-"""Aligner: REINFORCE / RLOO alignment of language models, in plain PyTorch."""
+"""Aligner: alignment of language models with REINFORCE / RLOO and PPO, in plain PyTorch."""
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""Typed configuration of a REINFORCE / RLOO training run.
+"""Typed configuration of a training run (REINFORCE / RLOO or PPO).
 
 One pydantic model per concern (model, data, reward, generation, algorithm, optimiser, trainer), gathered in
 `TrainConfig`. A config loads from YAML plus `--set key=value` overrides; every error names the field:

@@ -1,7 +1,7 @@
-"""Child servers a training run needs (PPO's critic server): free ports, start and wait until ready, stop.
+"""Process plumbing shared by the trainers, the servers' launcher, the worker and `aligner up` (no torch).
 
-Used by `aligner train` (a PPO config without `critic.server_url` starts its own critic server) and by the service's
-worker, which starts the critic server a PPO job needs and stops it when the job ends.
+Free ports for child servers, a child that dies with its parent (PR_SET_PDEATHSIG), and signals to a child's whole
+process group. Starting and stopping the critic server itself is aligner/servers/launch.py.
 """
 
 from __future__ import annotations

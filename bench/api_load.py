@@ -34,7 +34,7 @@ point counts), then measures for `--seconds` (default 3); latency is per request
     metric_since    GET /api/v1/jobs/{id}/metrics?name=train_rollouts/rewards&since_step=450 (50 points)
     metrics_all     GET /api/v1/jobs/{id}/metrics                                            (10 x 500 points)
 
-Clients, server and database share the machine's cores (2 here): at 8 clients the client threads' own CPU (one
+Clients, server and database share the machine's cores (on 2 cores): at 8 clients the client threads' own CPU (one
 Python process, one GIL) is part of what is measured, as it would be for a dashboard on the same host.
 """
 

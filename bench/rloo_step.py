@@ -2,9 +2,9 @@
 
     .venv/bin/python bench/rloo_step.py                 # table
     .venv/bin/python bench/rloo_step.py --json          # one JSON line: s_per_step, samples_per_s, tokens_per_s
-    .venv/bin/python bench/rloo_step.py --trl-python /work/trl-env/bin/python   # alternate with TRL's RLOOTrainer
+    .venv/bin/python bench/rloo_step.py --trl-python trl-env/bin/python   # alternate with TRL's RLOOTrainer
     .venv/bin/python bench/rloo_step.py --set generation.compile=false       # any config override (A/B)
-    .venv/bin/python bench/rloo_step.py --trl-python /work/trl-env/bin/python --rounds 7 \
+    .venv/bin/python bench/rloo_step.py --trl-python trl-env/bin/python --rounds 7 \
         --variant eager:generation.compile=false        # default (compiled), eager and TRL, alternated each round
 
 Workload (the same as bench/trl_rloo_step.py): a Llama-shaped policy (hidden 128, 4 layers, 4 heads, vocab 512,

@@ -5,14 +5,14 @@ not import the `aligner` package and runs in its own virtualenv, so TRL's depend
 
 Install (once; torch first and pinned, so pip takes the local CPU wheel and never a CUDA build):
 
-    python3 -m venv /work/trl-env
-    /work/trl-env/bin/pip install torch==2.13.0
-    /work/trl-env/bin/pip install torch==2.13.0 trl      # pulls transformers 5.x, datasets, accelerate
+    python3 -m venv trl-env
+    trl-env/bin/pip install torch==2.13.0
+    trl-env/bin/pip install torch==2.13.0 trl      # pulls transformers 5.x, datasets, accelerate
 
 Run (from the repository root):
 
-    /work/trl-env/bin/python bench/trl_rloo_step.py                  # table
-    /work/trl-env/bin/python bench/trl_rloo_step.py --steps 20 --warmup 3 --json   # plus one JSON line
+    trl-env/bin/python bench/trl_rloo_step.py                  # table
+    trl-env/bin/python bench/trl_rloo_step.py --steps 20 --warmup 3 --json   # plus one JSON line
 
 Measured with TRL 1.16.0, transformers 5.23.0, accelerate 1.15.0, datasets 5.2.0, torch 2.13.0+cpu.
 

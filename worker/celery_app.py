@@ -4,8 +4,9 @@
 
 One job at a time per worker (the trainer uses the cores; start more workers on more machines). The broker is
 `ALIGNER_BROKER_URL` (default redis://127.0.0.1:6379/0), the queue `ALIGNER_QUEUE` (default `aligner`), the
-database `ALIGNER_DATABASE_URL` (webapp/db.py). Send a job with `enqueue_job(job_id)`; no result backend is used:
-the job's row in the database is the result.
+database `ALIGNER_DATABASE_URL` (webapp/db.py); broker, queue and task name are defined once in webapp/queues.py,
+whose `CeleryQueue` the API sends jobs with; the recovery sweep here re-sends with `enqueue_job(job_id)`. No result
+backend is used: the job's row in the database is the result.
 
 Delivery, as measured with Celery 5.7 and Redis:
 - `task_acks_late` + `worker_prefetch_multiplier=1`: a message is acknowledged when its job ends, and a worker

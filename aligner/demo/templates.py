@@ -6,7 +6,7 @@ from __future__ import annotations
 # Files
 
 CONFIG_TEMPLATE = """\
-# Demo REINFORCE / RLOO run on the tiny policy built by `aligner demo-assets` (see aligner/demo.py).
+# Demo REINFORCE / RLOO run on the tiny policy built by `aligner demo-assets` (see aligner/demo/).
 # Run it with
 #     aligner train --config DIR/reinforce.yaml
 # where DIR is this folder. Relative paths below resolve against this folder; the run goes to DIR/runs/reinforce.
@@ -79,7 +79,7 @@ def ppo_config_text() -> str:
 
 
 RM_CONFIG_TEMPLATE = """\
-# Demo reward-model training (Bradley-Terry) on the preference pairs built by `aligner demo-assets` (aligner/demo.py).
+# Demo reward-model training (Bradley-Terry) on the preference pairs built by `aligner demo-assets` (aligner/demo/).
 # `aligner demo-assets DIR` already ran it into DIR/reward_model; run it again (after editing) with
 #     aligner train-rm --config DIR/reward_model.yaml
 # Relative paths below resolve against this folder. A pair is two SFT-style responses to one chat-formatted prompt,

@@ -8,7 +8,7 @@
 
 Inference is split into requests of the server's `max_batch_size` rows sent concurrently; a training step is never
 split (it is one optimiser step) and is refused if larger than the server's `train_max_batch_size`. Every request
-has a timeout and bounded retries with exponential backoff (aligner.reward_client.request_json): a request the
+has a timeout and bounded retries with exponential backoff (aligner.rewards.http.request_json): a request the
 server refuses (HTTP 4xx, or an error it marks "bad request: ") is not retried, nor is a training step that may
 have reached the server (a retry could apply it twice). Errors are `CriticError`s naming the URL. Shapes are
 checked here first, so a wrong call fails at once with a ValueError. Tested by
