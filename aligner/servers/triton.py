@@ -24,12 +24,13 @@ import numpy as np
 from pydantic import Field
 
 from aligner.config import Section
+from aligner.errors import AlignerError
 from aligner.rewards.http import BAD_REQUEST
 
 WORKSPACE_PREFIX = "aligner-triton-"
 
 
-class BadRequest(ValueError):
+class BadRequest(AlignerError, ValueError):
     """A request the server cannot serve; the message says why.
 
     PyTriton answers every exception of a model's function with HTTP 500; the message's `BAD_REQUEST` prefix tells

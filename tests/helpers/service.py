@@ -1,7 +1,7 @@
 """The training service under test: a PostgreSQL schema of its own, real Celery workers as subprocesses on a queue
 of their own, and the jobs they run (the fixtures of tests/worker/conftest.py build on these).
 
-    ALIGNER_TEST_PG_URL     default postgresql://postgres@127.0.0.1:5432/test
+    ALIGNER_TEST_POSTGRES_URL  PostgreSQL, as for every test (tests/helpers/databases.py)
     ALIGNER_TEST_REDIS_URL  default redis://127.0.0.1:6379/11
 """
 
@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from tests.helpers.databases import POSTGRES_URL
 from webapp.db import FINAL_STATUSES, Base, Job, User, make_engine, make_session_factory, session_scope
 
 ROOT = Path(__file__).resolve().parents[2]
-PG_URL = os.environ.get("ALIGNER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("ALIGNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
 PROMPTS = ["tell me about the cat.", "describe the dog.", "a bird", "the old river", "the sea", "a song"]
 
@@ -46,20 +46,9 @@ def require_redis() -> str:
     return REDIS_URL
 
 
-def require_postgres() -> None:
-    """Skip the test (fail it when CI=true) when PostgreSQL does not answer at PG_URL."""
-    try:
-        engine = make_engine(PG_URL)
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-        engine.dispose()
-    except Exception as err:
-        _unavailable(f"PostgreSQL at {PG_URL}", err)
-
-
 def _pg_schema_url(schema: str) -> str:
-    sep = "&" if "?" in PG_URL else "?"
-    return f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+    sep = "&" if "?" in POSTGRES_URL else "?"
+    return f"{POSTGRES_URL}{sep}options=-csearch_path%3D{schema}"
 
 
 class PgSchema:
@@ -67,7 +56,7 @@ class PgSchema:
 
     def __init__(self):
         self.name = "aligner_test_" + uuid.uuid4().hex[:10]
-        admin = make_engine(PG_URL)
+        admin = make_engine(POSTGRES_URL)
         with admin.begin() as conn:
             conn.execute(text(f"CREATE SCHEMA {self.name}"))
         admin.dispose()
@@ -78,7 +67,7 @@ class PgSchema:
 
     def drop(self) -> None:
         self.engine.dispose()
-        admin = make_engine(PG_URL)
+        admin = make_engine(POSTGRES_URL)
         with admin.begin() as conn:
             conn.execute(text(f"DROP SCHEMA IF EXISTS {self.name} CASCADE"))
         admin.dispose()

@@ -20,6 +20,7 @@ from aligner.trainers.checkpoint import best_checkpoint
 from aligner.trainers.ppo import PPOTrainer, critic_rows
 from aligner.trainers.reinforce import ReinforceTrainer
 from aligner.trainers.run_log import read_jsonl
+from tests.helpers.learning import assert_reward_rises
 
 PPO_METRICS = [
     "train_rollouts/rewards",
@@ -166,11 +167,9 @@ def test_ppo_two_steps_resume_two_steps_equals_four_steps(run_config, reward_mod
 
 @pytest.mark.slow
 def test_demo_ppo_run_raises_the_reward(demo_assets_dir, tmp_path, capsys):
+    """ppo.yaml shortened to 40 steps: the reward rises by more than the run's noise explains, and the validation
+    reward ends above where it started."""
     pytest.importorskip("pytriton")
-    """ppo.yaml shortened to 40 steps (about a minute): the last 5 steps' mean reward clearly beats the first 5's.
-
-    Seeded, so the numbers repeat: -0.05 -> +0.26, validation +0.29 -> +0.54 when written.
-    """
     steps = 40
     code = main(
         [
@@ -191,8 +190,7 @@ def test_demo_ppo_run_raises_the_reward(demo_assets_dir, tmp_path, capsys):
     rows = read_jsonl(tmp_path / "ppo" / "metrics.jsonl")
     rewards = [r["train_rollouts/rewards"] for r in rows if "train_rollouts/rewards" in r]
     assert len(rewards) == steps
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    assert last > first + 0.2, (first, last)
+    assert_reward_rises(rewards)
     val = [r["val/rewards"] for r in rows if "val/rewards" in r]
     assert val[-1] > val[0], val
     assert all(r["train_rollouts/init_policy_kl"] >= 0 and r["train_optim/critic_loss"] >= 0 for r in rows[1:])

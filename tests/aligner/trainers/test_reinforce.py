@@ -11,6 +11,7 @@ from aligner.run_layout import list_checkpoints
 from aligner.trainers.reinforce import ReinforceTrainer
 from aligner.trainers.run_log import read_jsonl
 from aligner.trainers.schedule import lr_multiplier
+from tests.helpers.learning import assert_reward_rises
 from tests.helpers.training import train
 
 NEMO_METRICS = [
@@ -126,7 +127,8 @@ def test_lr_schedule_warmup_then_cosine():
 
 @pytest.mark.slow
 def test_demo_run_raises_the_reward(demo_assets_dir, tmp_path):
-    """The demo config, shortened: the mean reward of the last 5 steps clearly beats that of the first 5."""
+    """The demo config, shortened to 40 steps: the reward rises by more than the run's noise explains, and the
+    validation reward (fixed prompts and sampling noise) ends above where it started."""
     from aligner.config import load_config
 
     config = load_config(
@@ -136,9 +138,8 @@ def test_demo_run_raises_the_reward(demo_assets_dir, tmp_path):
     trainer = train(config)
     rows = [r for r in read_jsonl(trainer.run_dir / "metrics.jsonl") if r["step"] > 0]
     rewards = [r["train_rollouts/rewards"] for r in rows]
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert len(rewards) == 40
-    assert last > first + 0.3, f"first 5 steps {first:.3f}, last 5 {last:.3f}"
+    assert_reward_rises(rewards)
     val = [r["val/rewards"] for r in read_jsonl(trainer.run_dir / "metrics.jsonl") if "val/rewards" in r]
     assert val[-1] > val[0], f"validation reward {val}"
     assert all(r["train_rollouts/init_policy_kl"] >= 0 for r in rows)
