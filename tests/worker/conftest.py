@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.service import PROMPTS, PgSchema, Service, require_postgres, require_redis
+from tests.helpers.databases import require_postgres
+from tests.helpers.service import PROMPTS, PgSchema, Service, require_redis
 from webapp.db import Base, make_engine, make_session_factory
 
 
