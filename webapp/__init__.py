@@ -1,4 +1,4 @@
-"""The training service's REST API (Flask + APIFlask); the Gradio dashboard (webapp/ui.py, `aligner ui`) is its client.
+"""The training service's REST API (Flask + APIFlask); the Gradio dashboard (webapp/ui/, `aligner ui`) is its client.
 
     flask --app webapp run                   # development server (threaded), http://127.0.0.1:5000/api/v1/docs
     gunicorn -k gthread --threads 8 -w 2 'webapp:create_app()'

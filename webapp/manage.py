@@ -3,7 +3,7 @@
     aligner db upgrade [--database-url URL]          # create or update the schema (Alembic, migrations/)
     aligner db downgrade REV [--database-url URL]    # e.g. REV=base drops every table
     aligner token create --user NAME [--name LABEL]  # prints a new bearer token for the REST API
-    aligner ui --api-url URL [--port N]              # the dashboard (webapp/ui.py), a client of the REST API
+    aligner ui --api-url URL [--port N]              # the dashboard (webapp/ui/), a client of the REST API
 
 The URL defaults to `webapp.db.database_url()`: env ALIGNER_DATABASE_URL, else a SQLite file under ALIGNER_DATA_DIR.
 Only argparse is imported at module level, so `aligner train` does not need the service's packages.

@@ -11,7 +11,7 @@ What it starts, each as a child process with its log in DATA_DIR/logs/:
 - a reward server (`aligner serve-reward`) when `--reward-model` or `--reward-function` is given (or `--demo`);
 - one Celery worker (prefork, one job at a time) and the REST API (Flask's threaded server; use gunicorn in
   production, see docker-compose.yml);
-- the dashboard (`aligner ui`, webapp/ui.py), a Gradio client of the API.
+- the dashboard (`aligner ui`, webapp/ui/), a Gradio client of the API.
 It prints the URLs and an API token and writes them to DATA_DIR/stack.json (`api_url`, `ui_url`, `reward_url`,
 `token`) for scripts. Ctrl-C or SIGTERM stops every child (whole process groups) before it exits.
 """
