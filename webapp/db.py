@@ -9,6 +9,7 @@ leaves an event that the API streams (Server-Sent Events) to clients.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import os
@@ -31,9 +32,10 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    false,
     select,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from aligner.errors import AlignerError
@@ -71,10 +73,15 @@ class User(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(100), unique=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    # The operator role (`aligner token create --admin`); every other user is a plain user.
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class ApiToken(Base):
-    """A bearer token; only its SHA-256 is stored, the token itself is shown once at creation."""
+    """A bearer token; only its SHA-256 is stored, the token itself is shown once at creation.
+
+    It authenticates until `expires_at` (never, when None) unless revoked (`revoked_at`, kept for the record).
+    """
 
     __tablename__ = "api_tokens"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -83,6 +90,8 @@ class ApiToken(Base):
     name: Mapped[str] = mapped_column(String(100), default="")
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
     last_used_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class Job(Base):
@@ -193,10 +202,25 @@ def database_url(data_dir: Path | None = None) -> str:
     return f"sqlite:///{folder / 'aligner.db'}"
 
 
+def create_private_file(path: str | Path) -> Path:
+    """`path`, created empty if missing (in an existing folder), readable and writable by its owner only (0600): it
+    holds secrets (token hashes and job configs in the SQLite database, a token in stack.json). SQLite gives its
+    -wal and -shm files the database file's mode. A missing folder is left for the caller to report."""
+    path = Path(path)
+    with contextlib.suppress(FileExistsError, FileNotFoundError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    with contextlib.suppress(FileNotFoundError, PermissionError):  # another user's file: its mode is theirs
+        os.chmod(path, 0o600)
+    return path
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
     if url.startswith("sqlite"):
+        database = make_url(url).database
+        if database and database != ":memory:" and not database.startswith("file:"):
+            create_private_file(database)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
@@ -261,16 +285,37 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create_token(session: Session, user_name: str, token_name: str = "") -> str:
-    """A new API token for `user_name` (the user is created if new); returns the token, stored only hashed."""
+def create_token(
+    session: Session, user_name: str, token_name: str = "", admin: bool = False, expires_days: float | None = None
+) -> str:
+    """A new API token for `user_name` (the user is created if new); returns the token, stored only hashed.
+
+    `admin` makes the user an operator (it never takes the role away); `expires_days` bounds the token's life.
+    """
     user = session.scalar(select(User).where(User.name == user_name))
     if user is None:
         user = User(name=user_name)
         session.add(user)
         session.flush()
+    user.is_admin = user.is_admin or admin
     token = "alg_" + secrets.token_urlsafe(32)
-    session.add(ApiToken(user_id=user.id, token_hash=hash_token(token), name=token_name))
+    expires_at = None if expires_days is None else utcnow() + dt.timedelta(days=expires_days)
+    session.add(ApiToken(user_id=user.id, token_hash=hash_token(token), name=token_name, expires_at=expires_at))
     return token
+
+
+def list_tokens(session: Session) -> list[tuple[ApiToken, User]]:
+    """Every token (revoked and expired ones too) with its user, oldest first."""
+    return list(session.execute(select(ApiToken, User).join(User, ApiToken.user_id == User.id).order_by(ApiToken.id)))
+
+
+def revoke_token(session: Session, token_id: int) -> bool:
+    """Revoke token `token_id` from now on; False when there is no such token or it was revoked already."""
+    row = session.get(ApiToken, token_id)
+    if row is None or row.revoked_at is not None:
+        return False
+    row.revoked_at = utcnow()
+    return True
 
 
 # last_used_at is written at most once a minute per token: a write (and, on SQLite, a database-wide lock and an
@@ -279,11 +324,11 @@ TOKEN_LAST_USED_RESOLUTION = dt.timedelta(minutes=1)
 
 
 def user_for_token(session: Session, token: str) -> User | None:
-    """The token's user, or None; records the use in last_used_at (to the minute)."""
+    """The token's user, or None (unknown, revoked or expired); records the use in last_used_at (to the minute)."""
     row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
-    if row is None:
-        return None
     now = utcnow()
+    if row is None or row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= now):
+        return None
     if row.last_used_at is None or now - row.last_used_at >= TOKEN_LAST_USED_RESOLUTION:
         row.last_used_at = now
     return session.get(User, row.user_id)

@@ -2,11 +2,14 @@
 
     aligner db upgrade [--database-url URL]          # create or update the schema (Alembic, migrations/)
     aligner db downgrade REV [--database-url URL]    # e.g. REV=base drops every table
-    aligner token create --user NAME [--name LABEL]  # prints a new bearer token for the REST API
+    aligner token create --user NAME [--name LABEL] [--admin] [--expires DAYS]   # prints a new bearer token
+    aligner token list                               # every token: user, role, dates, active/expired/revoked
+    aligner token revoke ID                          # the token stops working at once
     aligner ui --api-url URL [--port N]              # the dashboard (webapp/ui/), a client of the REST API
 
 The URL defaults to `webapp.db.database_url()`: env ALIGNER_DATABASE_URL, else a SQLite file under ALIGNER_DATA_DIR.
-Only argparse is imported at module level, so `aligner train` does not need the service's packages.
+Only argparse and aligner.errors are imported at module level, so `aligner train` does not need the service's
+packages.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 
+from aligner.errors import AlignerError
+
 
 def _database_error(err: Exception, url: str | None) -> Exception:
     from sqlalchemy.engine import make_url
 
-    from aligner.errors import AlignerError
     from webapp.db import database_url
 
     shown = make_url(url or database_url()).render_as_string(hide_password=True)
@@ -43,20 +47,73 @@ def _cmd_db(args: argparse.Namespace) -> None:
 def _cmd_token(args: argparse.Namespace) -> None:
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
-    from webapp.db import create_token, database_url, make_engine, make_session_factory, session_scope
+    from webapp.db import database_url, make_engine, make_session_factory, session_scope
 
     engine = make_engine(args.database_url or database_url())
     try:
         with session_scope(make_session_factory(engine)) as session:
-            token = create_token(session, args.user, args.name)
+            lines = TOKEN_COMMANDS[args.token_command](session, args)
     except (OperationalError, ProgrammingError) as err:
         error = _database_error(err, args.database_url)
-        if "no such table" in str(error) or "does not exist" in str(error):
+        if "no such table" in str(error) or "no such column" in str(error) or "does not exist" in str(error):
             error.args = (f"{error}; run `aligner db upgrade` first",)
         raise error from None
     finally:
         engine.dispose()
-    print(token)
+    print("\n".join(lines))
+
+
+def _token_create(session, args: argparse.Namespace) -> list[str]:
+    from webapp.db import create_token
+
+    return [create_token(session, args.user, args.name, admin=args.admin, expires_days=args.expires)]
+
+
+def _token_list(session, args: argparse.Namespace) -> list[str]:
+    """One line a token: id, user, role, label, created, expires, last used, and whether it still authenticates."""
+    from webapp.db import list_tokens, utcnow
+
+    def day(value) -> str:
+        return value.strftime("%Y-%m-%d %H:%M") if value else "-"
+
+    now = utcnow()
+    lines = [
+        f"{'id':>4}  {'user':<16} {'role':<5} {'label':<16} {'created':<16} {'expires':<16} {'last used':<16} state"
+    ]
+    for token, user in list_tokens(session):
+        if token.revoked_at is not None:
+            state = f"revoked {day(token.revoked_at)}"
+        elif token.expires_at is not None and token.expires_at <= now:
+            state = "expired"
+        else:
+            state = "active"
+        role = "admin" if user.is_admin else "user"
+        lines.append(
+            f"{token.id:>4}  {user.name:<16} {role:<5} {token.name or '-':<16} {day(token.created_at):<16} "
+            f"{day(token.expires_at):<16} {day(token.last_used_at):<16} {state}"
+        )
+    return lines
+
+
+def _token_revoke(session, args: argparse.Namespace) -> list[str]:
+    from webapp.db import revoke_token
+
+    if not revoke_token(session, args.id):
+        raise AlignerError(f"no active token with id {args.id} (see `aligner token list`)")
+    return [f"token {args.id} revoked"]
+
+
+TOKEN_COMMANDS = {"create": _token_create, "list": _token_list, "revoke": _token_revoke}
+
+
+def _positive_days(text: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of days: {text!r}") from None
+    if not 0 < days < 100_000:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and under 100000 days, got {text}")
+    return days
 
 
 def _cmd_up(args: argparse.Namespace) -> None:
@@ -89,7 +146,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     create = token_sub.add_parser("create", help="create a token (and the user, if new); prints it once")
     create.add_argument("--user", required=True, help="user name")
     create.add_argument("--name", default="", help="a label for the token, e.g. laptop")
-    create.add_argument("--database-url", help=url_help)
+    create.add_argument("--admin", action="store_true", help="make the user an operator (admin)")
+    create.add_argument("--expires", type=_positive_days, metavar="DAYS", help="the token stops working after DAYS")
+    listing = token_sub.add_parser("list", help="every token: user, role, label, dates and whether it is active")
+    revoke = token_sub.add_parser("revoke", help="revoke a token at once (it stays listed as revoked)")
+    revoke.add_argument("id", type=int, help="the token's id, as `aligner token list` shows it")
+    for command in (create, listing, revoke):
+        command.add_argument("--database-url", help=url_help)
     token.set_defaults(func=_cmd_token)
 
     up = sub.add_parser("up", help="start the whole service locally: database, broker, reward server, worker, API")

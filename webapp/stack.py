@@ -160,7 +160,11 @@ class Stack:
         self._wait_until("ui", lambda: _http_ok(f"{ui}/"))
         self.urls.update(api_url=api, ui_url=ui, token=self._token())
         pids = {name: proc.pid for name, proc in self.children.items()}  # each the leader of its process group
-        (self.data_dir / STACK_FILE).write_text(json.dumps({**self.urls, "pids": pids}, indent=2) + "\n")
+        from webapp.db import create_private_file
+
+        create_private_file(self.data_dir / STACK_FILE).write_text(
+            json.dumps({**self.urls, "pids": pids}, indent=2) + "\n"
+        )
         return self.urls
 
     def _token(self) -> str:

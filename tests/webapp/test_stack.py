@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -80,8 +81,9 @@ def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_di
     try:
         stack = _wait_for(data_dir / "stack.json", up)
         assert set(stack) >= {"api_url", "ui_url", "reward_url", "token"}
+        assert stat.S_IMODE((data_dir / "stack.json").stat().st_mode) == 0o600  # it holds a token
         if "ALIGNER_DATABASE_URL" not in env:
-            assert (data_dir / "aligner.db").is_file()  # SQLite by default
+            assert stat.S_IMODE((data_dir / "aligner.db").stat().st_mode) == 0o600  # SQLite by default, private
         headers = {"Authorization": f"Bearer {stack['token']}"}
         prompts = tmp_path / "prompts.jsonl"
         prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("the cat", "a dog", "the sea")))
