@@ -38,6 +38,7 @@ def _cmd_train(args: argparse.Namespace) -> None:
         trainer.setup(resume=args.resume)  # joins the process group under torchrun
         trainer.fit()
         main = distributed.is_main()
+        distributed.finish()
     finally:
         distributed.destroy()
     if main:
@@ -197,4 +198,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from aligner import distributed
+
+    distributed.exit_rank(main())

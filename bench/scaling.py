@@ -57,7 +57,7 @@ def child(config: str, threads: int, prompts: int, steps: int, warmup: int) -> N
             "train_s": statistics.median(p["timers/train"] for p in phases),
         }
         print(json.dumps(result), flush=True)
-    distributed.destroy()
+    distributed.finish()
 
 
 def launch(config: Path, processes: int, threads: int, prompts: int, steps: int, warmup: int) -> dict:

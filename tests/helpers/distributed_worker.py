@@ -70,8 +70,9 @@ def main(config_path: str, out_path: str) -> None:
             },
             out_path,
         )
-    distributed.destroy()
+    distributed.finish()
 
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    distributed.exit_rank(0)
