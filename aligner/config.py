@@ -126,6 +126,11 @@ class RewardConfig(Section):
         None,
         description="'module:callable' scoring (prompts, responses[, metadata]) -> list of floats.",
     )
+    function_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments the reward function is called with, e.g. {tolerance: 0.01}; those of a "
+        "built-in reward (aligner/rewards/builtins.py) are checked against its parameters.",
+    )
     model_path: str | None = Field(
         None, description="Hugging Face sequence-classification reward model (one label) run in-process."
     )
@@ -144,6 +149,12 @@ class RewardConfig(Section):
         sources = [name for name in ("function", "model_path", "server_url") if getattr(self, name)]
         if len(sources) != 1:
             raise ValueError("give exactly one of reward.function, reward.model_path or reward.server_url")
+        return self
+
+    @model_validator(mode="after")
+    def _function_args_need_function(self) -> RewardConfig:
+        if self.function_args and not self.function:
+            raise ValueError("function_args are the reward function's: give them only with reward.function")
         return self
 
 
@@ -343,10 +354,12 @@ PATH_FIELDS = (
 )
 
 
-def _format_errors(err: ValidationError) -> str:
+def validation_error_lines(err: ValidationError, prefix: str = "") -> list[str]:
+    """One `field: reason` line per error; `prefix` (a dotted path, e.g. "reward.function_args") goes before each
+    field, for a model validated on its own (aligner/rewards/builtins.py)."""
     lines = []
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "config"
+        field = ".".join(([prefix] if prefix else []) + [str(p) for p in e["loc"]]) or "config"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
@@ -355,8 +368,12 @@ def _format_errors(err: ValidationError) -> str:
         got = e.get("input")
         if e["type"] not in ("missing", "extra_forbidden") and not isinstance(got, dict):
             msg += f" (got {got!r})"
-        lines.append(f"  {field}: {msg}")
-    return "invalid config:\n" + "\n".join(lines)
+        lines.append(f"{field}: {msg}")
+    return lines
+
+
+def _format_errors(err: ValidationError) -> str:
+    return "invalid config:\n" + "\n".join(f"  {line}" for line in validation_error_lines(err))
 
 
 def _parse_scalar(text: str) -> Any:

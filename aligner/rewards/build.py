@@ -17,5 +17,5 @@ def build_reward_client(config: RewardConfig, device: str | torch.device = "cpu"
             config.server_url, config.model_name, timeout_s=config.timeout_s, max_retries=config.max_retries
         )
     if config.function:
-        return FunctionRewardClient(config.function)
+        return FunctionRewardClient(config.function, config.function_args)
     return ModelRewardClient(config.model_path, batch_size=config.batch_size, device=device)

@@ -2,8 +2,9 @@
 
 `RewardClient.submit` returns a future, so a remote scorer (the PyTriton server) can work while the trainer
 computes log-probs. The in-process clients here score synchronously and return a finished future:
-- `FunctionRewardClient`: a Python callable `module:callable` taking (prompts, responses[, metadata]) and returning
-  one float per sample: rule-based and verifiable rewards;
+- `FunctionRewardClient`: a Python callable `module:callable` taking (prompts, responses[, metadata], and
+  `reward.function_args` as keyword arguments) and returning one float per sample: rule-based and verifiable rewards
+  (the built-in ones: aligner/rewards/builtins.py);
 - `ModelRewardClient`: a Hugging Face sequence-classification model with one label, scoring prompt + response.
 """
 
@@ -12,13 +13,15 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from aligner.errors import RewardError
+from aligner.rewards.builtins import builtin_for_target, validate_builtin_params
 from aligner.rewards.interface import check_rewards, done
 
 
@@ -46,17 +49,37 @@ def import_callable(spec: str) -> Callable:
 
 
 class FunctionRewardClient:
-    def __init__(self, spec: str):
+    """Calls `fn(prompts, responses[, metadata=...], **function_args)`.
+
+    The function_args of a built-in's function are checked against its parameters and get its defaults (ConfigError
+    naming the parameter); those of any function must fit its signature: a RewardError here, not at the first step.
+    """
+
+    def __init__(self, spec: str, function_args: Mapping[str, Any] | None = None):
         self.spec = spec
         self.fn = import_callable(spec)
-        params = inspect.signature(self.fn).parameters
+        builtin = builtin_for_target(spec)
+        args = dict(function_args or {})
+        self.function_args = validate_builtin_params(builtin.name, args) if builtin else args
+        signature = inspect.signature(self.fn)
+        params = signature.parameters
         self._wants_metadata = "metadata" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+        try:
+            signature.bind([], [], **self._metadata_kwargs([]), **self.function_args)
+        except TypeError as err:
+            how = f"with reward.function_args {self.function_args}" if self.function_args else "that way"
+            raise RewardError(
+                f"reward.function {spec!r} cannot be called as fn(prompts, responses[, metadata]) {how}: {err}"
+            ) from None
+
+    def _metadata_kwargs(self, metadata) -> dict[str, Any]:
+        return {"metadata": metadata} if self._wants_metadata else {}
 
     def submit(self, prompts, responses, metadata) -> Future:
         future: Future = Future()
         try:
-            kwargs = {"metadata": metadata} if self._wants_metadata else {}
-            future.set_result(check_rewards(self.fn(prompts, responses, **kwargs), len(prompts), self.spec))
+            rewards = self.fn(prompts, responses, **self._metadata_kwargs(metadata), **self.function_args)
+            future.set_result(check_rewards(rewards, len(prompts), self.spec))
         except Exception as err:  # noqa: BLE001 - handed to the caller through the future
             future.set_exception(err)
         return future

@@ -59,6 +59,16 @@ def test_bad_values_name_the_field(tmp_path, override, message):
     assert message in str(err.value)
 
 
+def test_function_args_go_only_with_a_function(tmp_path):
+    cfg = load_config(write(tmp_path, MINIMAL), ["reward.function_args={scale: 2}"])
+    assert cfg.reward.function_args == {"scale": 2}
+    assert load_config(write(tmp_path, MINIMAL)).reward.function_args == {}
+    overrides = ["reward.function=null", "reward.server_url=http://127.0.0.1:8000", "reward.function_args={scale: 2}"]
+    with pytest.raises(ConfigError, match="reward: function_args are the reward function's: give them only with"):
+        load_config(write(tmp_path, MINIMAL), overrides)
+    assert load_config(write(tmp_path, MINIMAL), overrides[:2] + ["reward.function_args={}"]).reward.server_url
+
+
 def test_missing_sections_and_bad_files(tmp_path):
     with pytest.raises(ConfigError, match="data: required field is missing"):
         config_from_dict({"model": {"policy_path": "p"}, "reward": {"function": "m:f"}})

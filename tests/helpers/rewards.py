@@ -25,3 +25,8 @@ def paced_letter_reward(prompts, responses):
     between two steps (tiny steps otherwise take a few milliseconds)."""
     time.sleep(0.1)
     return letter_reward(prompts, responses)
+
+
+def scaled_letter_reward(prompts, responses, *, scale):
+    """`letter_reward` times `scale`, a keyword given in `reward.function_args`."""
+    return [scale * r for r in letter_reward(prompts, responses)]
