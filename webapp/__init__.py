@@ -9,7 +9,7 @@ Config (create_app's test_config, else the environment):
     DATABASE_URL           default webapp.db.database_url(): env ALIGNER_DATABASE_URL, else DATA_DIR/aligner.db
     MAX_CONTENT_LENGTH     largest request body (1 MiB); MAX_DATASET_SIZE for uploads (256 MiB)
     JOB_QUEUE              an object with enqueue(job_id); default webapp.queues.CeleryQueue() (ALIGNER_BROKER_URL)
-    CHECK_CONFIG_PATHS     a job's prompt files and model folders must exist (True)
+    JOB_LIMITS             per-job caps over webapp.job_config's, e.g. {"model.num_threads": 8}; env ALIGNER_JOB_LIMITS
     SSE_POLL_INTERVAL, SSE_HEARTBEAT_INTERVAL   seconds (0.25, 15)
 
 The Flask pieces are imported inside create_app: the worker imports webapp.db without needing them.
@@ -26,7 +26,8 @@ API_TITLE = "Aligner"
 API_DESCRIPTION = (
     "Train language models with REINFORCE / RLOO or PPO (`algorithm: ppo`) as jobs: submit a config, follow its "
     "metrics, samples and events, download the aligned policy. Every endpoint but /health needs "
-    "`Authorization: Bearer TOKEN` (`aligner token create --user NAME`). "
+    "`Authorization: Bearer TOKEN` (`aligner token create --user NAME`). A job names what it uses from the "
+    "catalogue (models, reward functions, servers) and your datasets; admins manage the catalogue. "
     'Errors are `{"message": ..., "errors": {field: [reasons]}}`.'
 )
 
@@ -42,7 +43,7 @@ def create_app(test_config: dict[str, Any] | None = None):
     """The API app: config, database, job queue, error handling, blueprints, OpenAPI at /api/v1/openapi.json."""
     from apiflask import APIFlask
 
-    from webapp import datasets, errors, health, jobs, results
+    from webapp import admin, catalogue_api, datasets, errors, health, jobs, results
     from webapp.db import DEFAULT_DATA_DIR, database_url
     from webapp.extensions import db
     from webapp.queues import CeleryQueue
@@ -62,7 +63,7 @@ def create_app(test_config: dict[str, Any] | None = None):
         MAX_CONTENT_LENGTH=1024 * 1024,
         MAX_DATASET_SIZE=256 * 1024 * 1024,
         JOB_QUEUE=None,
-        CHECK_CONFIG_PATHS=True,
+        JOB_LIMITS=None,
         SSE_POLL_INTERVAL=0.25,
         SSE_HEARTBEAT_INTERVAL=15.0,
         API_VERSION=version,
@@ -70,7 +71,9 @@ def create_app(test_config: dict[str, Any] | None = None):
         TAGS=[
             {"name": "Jobs", "description": "Training jobs and their life cycle."},
             {"name": "Job results", "description": "Metrics, samples, checkpoints, the policy, live events."},
-            {"name": "Datasets", "description": "Uploaded prompt files."},
+            {"name": "Datasets", "description": "Uploaded prompt files: yours, and those an admin shared."},
+            {"name": "Catalogue", "description": "Models, reward functions and servers jobs may use (admins add)."},
+            {"name": "Admin", "description": "Every user's jobs (admins only)."},
             {"name": "Health", "description": "Liveness of the API and its database."},
         ],
     )
@@ -85,6 +88,6 @@ def create_app(test_config: dict[str, Any] | None = None):
     db.init_app(app)
     app.extensions["aligner_queue"] = app.config["JOB_QUEUE"] or CeleryQueue()
     errors.init_app(app)
-    for module in (health, jobs, results, datasets):
+    for module in (health, jobs, results, datasets, catalogue_api, admin):
         app.register_blueprint(module.bp)
     return app

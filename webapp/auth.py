@@ -1,6 +1,7 @@
 """Bearer-token authentication: `Authorization: Bearer alg_...` (tokens come from `aligner token create`).
 
 @bp.auth_required(auth)     # on a view; 401 without a valid token
+require_admin()            # in such a view: 403 unless the user is an admin
 current_user()              # the token's User inside such a view
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 from apiflask import HTTPTokenAuth
 
 from webapp.db import User, user_for_token
+from webapp.errors import abort_fields
 from webapp.extensions import db
 
 auth = HTTPTokenAuth(
@@ -29,3 +31,11 @@ def _verify_token(token: str) -> User | None:
 
 def current_user() -> User:
     return auth.current_user
+
+
+def require_admin() -> User:
+    """The current user when an admin (operator); 403 for anyone else."""
+    user = current_user()
+    if not user.is_admin:
+        abort_fields(403, "only an admin may do this (aligner token create --admin)")
+    return user

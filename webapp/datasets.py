@@ -1,8 +1,8 @@
-"""Prompt datasets: upload a JSONL prompt file, list yours (`/api/v1/datasets`).
+"""Prompt datasets: upload a JSONL prompt file, list those you may use, share one (admin) (`/api/v1/datasets`).
 
 An upload is checked with `aligner.data.prompts.read_prompt_file` (422 with the `file:line: reason` of each bad
-line) and stored as DATA_DIR/datasets/user_<id>/<random>.jsonl. The returned `path` is relative to the data folder,
-which is what a job config's relative paths are relative to: `"data": {"train_file": "<path>", ...}`. Uploads may be
+line) and stored as DATA_DIR/datasets/user_<id>/<random>.jsonl. A job names it by id (or name):
+`"data": {"train_dataset": 3, ...}`. Only its owner sees and uses it, unless an admin shares it. Uploads may be
 up to MAX_DATASET_SIZE bytes (256 MiB), unlike other requests (MAX_CONTENT_LENGTH, 1 MiB).
 """
 
@@ -18,11 +18,12 @@ from werkzeug.utils import secure_filename
 
 from aligner.data.prompts import read_prompt_file
 from aligner.errors import PromptDataError
-from webapp.auth import auth, current_user
+from webapp.auth import auth, current_user, require_admin
+from webapp.catalogue import DATASETS_DIR, visible_datasets
 from webapp.db import Dataset
 from webapp.errors import abort_fields
 from webapp.extensions import db
-from webapp.schemas import DatasetIn, DatasetOut, DatasetPage, PageQuery
+from webapp.schemas import INT32_MAX, DatasetIn, DatasetOut, DatasetPage, DatasetShareIn, PageQuery
 
 bp = APIBlueprint("datasets", __name__, url_prefix="/api/v1/datasets", tag="Datasets")
 
@@ -43,7 +44,7 @@ def upload_dataset(form_and_files_data):
     upload = form_and_files_data["file"]
     shown_name = secure_filename(upload.filename or "") or "upload.jsonl"
     data_dir = Path(current_app.config["DATA_DIR"])
-    folder = data_dir / "datasets" / f"user_{current_user().id}"
+    folder = data_dir / DATASETS_DIR / f"user_{current_user().id}"
     folder.mkdir(parents=True, exist_ok=True)
     stem = uuid.uuid4().hex
     tmp = folder / f".{stem}.uploading"
@@ -62,10 +63,16 @@ def upload_dataset(form_and_files_data):
         name=form_and_files_data.get("name") or shown_name,
         path=str(path.relative_to(data_dir)),
         num_prompts=len(records),
+        size_bytes=path.stat().st_size,
     )
     db.session.add(dataset)
     db.session.commit()
-    return dataset
+    return _out(dataset)
+
+
+def _out(dataset: Dataset) -> dict:
+    columns = {column.name: getattr(dataset, column.name) for column in Dataset.__table__.columns}
+    return {**columns, "mine": dataset.user_id == current_user().id}
 
 
 @bp.get("")
@@ -73,11 +80,27 @@ def upload_dataset(form_and_files_data):
 @bp.input(PageQuery, location="query")
 @bp.output(DatasetPage)
 def list_datasets(query_data):
-    """List your datasets, newest first"""
-    where = Dataset.user_id == current_user().id
+    """List the datasets you may use (yours and the shared ones), newest first"""
+    where = visible_datasets(current_user())
     page, per_page = query_data["page"], query_data["per_page"]
     total = db.session.scalar(select(func.count()).select_from(Dataset).where(where))
     items = db.session.scalars(
         select(Dataset).where(where).order_by(Dataset.id.desc()).offset((page - 1) * per_page).limit(per_page)
     ).all()
-    return {"items": items, "total": total, "page": page, "per_page": per_page}
+    return {"items": [_out(item) for item in items], "total": total, "page": page, "per_page": per_page}
+
+
+@bp.patch("/<int:dataset_id>")
+@bp.auth_required(auth)
+@bp.input(DatasetShareIn, location="json")
+@bp.output(DatasetOut)
+@bp.doc(responses={403: "Not an admin", 404: "No such dataset"})
+def share_dataset(dataset_id: int, json_data):
+    """Share a dataset with every user, or make it its owner's again (admin)"""
+    require_admin()
+    dataset = db.session.get(Dataset, dataset_id) if dataset_id <= INT32_MAX else None
+    if dataset is None:
+        abort_fields(404, f"dataset {dataset_id} not found")
+    dataset.shared = json_data["shared"]
+    db.session.commit()
+    return _out(dataset)

@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -180,14 +181,62 @@ class Checkpoint(Base):
 
 
 class Dataset(Base):
-    """An uploaded, validated prompt file."""
+    """An uploaded, validated prompt file: its owner's alone, or every user's once an admin shares it."""
 
     __tablename__ = "datasets"
     id: Mapped[int] = mapped_column(primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(200))
-    path: Mapped[str] = mapped_column(Text)
+    path: Mapped[str] = mapped_column(Text)  # relative to the data folder
     num_prompts: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    shared: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+# ------------------------------------------------------------------------------------------------- catalogue
+# What a job may use, registered by an admin (webapp/catalogue.py): jobs name these, never a path, URL or code.
+POLICY, REWARD, CRITIC, TOKENIZER = "policy", "reward", "critic", "tokenizer"
+MODEL_KINDS = (POLICY, REWARD, CRITIC, TOKENIZER)
+SERVER_KINDS = (REWARD, CRITIC)
+
+
+class CatalogueModel(Base):
+    """A model folder on the server (Hugging Face layout) that jobs may use as `kind`."""
+
+    __tablename__ = "catalogue_models"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    kind: Mapped[str] = mapped_column(String(20))
+    path: Mapped[str] = mapped_column(Text)  # absolute, symlinks resolved when registered
+    architecture: Mapped[str] = mapped_column(String(200), default="")
+    num_parameters: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    description: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class RewardFunction(Base):
+    """A reward function registered by an admin: `target` is its `module:callable`, which only admins see."""
+
+    __tablename__ = "reward_functions"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    target: Mapped[str] = mapped_column(String(300))
+    description: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class ServerEndpoint(Base):
+    """A running reward or critic server registered by an admin; jobs name it, only admins see its URL."""
+
+    __tablename__ = "server_endpoints"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    kind: Mapped[str] = mapped_column(String(20))
+    url: Mapped[str] = mapped_column(Text)
+    model_name: Mapped[str] = mapped_column(String(100), default="reward_model")
+    description: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 

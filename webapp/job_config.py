@@ -1,67 +1,145 @@
-"""A job's training config as the API accepts it: `aligner.config` validation plus the service's own limits.
+"""A job's training config as the API accepts it, and as the worker launches it.
 
-`validate_job_config` returns the TrainConfig or a `{"config.optim.lr": ["reason", ...]}` mapping of every bad field:
+Over the API a job names catalogue entries (webapp/catalogue.py), never a path, URL or code reference:
 
-- the config in the same shape as the YAML `aligner train` reads, checked by `aligner.config.config_from_dict`
-  (unknown fields, wrong types, out-of-range values), relative paths taken relative to the data folder;
-- `run_dir` is the server's (DATA_DIR/runs/job_<id>): a client's value is ignored;
-- numbers must be finite and within the service's limits (SERVICE_LIMITS; any integer within 64 bits);
-- `algorithm` is reinforce or ppo; a PPO job needs a critic: `critic.server_url` or `critic.model_path` (the worker
-  then starts a critic server from it), an error under `config.critic` otherwise;
-- the prompt files, policy, tokenizer, reward model and critic model folders must exist (unless CHECK_CONFIG_PATHS is
-  off).
+    model.policy / model.tokenizer     a catalogue model (kind policy; tokenizer: policy or tokenizer)
+    data.train_dataset / val_dataset   a dataset the user may use (id, or its name)
+    reward.function                    a reward function: a built-in (demo, exact_match, ...) or a registered one,
+                                       with reward.function_args, the data a built-in is configured by
+    reward.model / reward.server       a catalogue reward model / reward server
+    critic.model / critic.server       a catalogue reward or critic model / critic server
+
+Everything else is `aligner train`'s config (aligner/config.py). `validate_job_config` turns the names into the
+paths and URLs the trainer reads (`JobConfig.train`) and keeps the names, with every default filled in, as the job's
+stored config (`JobConfig.stored`, what the API shows). The worker runs the same code on the stored config before it
+launches the trainer (`launch_config`): an entry removed since, a row edited to hold a path or a function, a folder
+swapped for a symlink elsewhere, are refused at launch. Errors come as `{"config.optim.lr": ["reason", ...]}`.
+
+Numbers must be finite and within the operator's limits (`job_limits`: JOB_LIMIT_DEFAULTS, overridden by the env
+ALIGNER_JOB_LIMITS, a JSON object, or the app's JOB_LIMITS); `trainer.keep_checkpoints` defaults to
+DEFAULT_KEEP_CHECKPOINTS; `run_dir` is the server's (DATA_DIR/runs/job_<id>).
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import math
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aligner.config import TrainConfig, config_from_dict
-from aligner.errors import ConfigError
-from webapp.db import ALGORITHMS, PPO
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
-# Sizes a single job may ask for: larger values are almost surely typos, and max_steps lands in a 32-bit column.
-SERVICE_LIMITS: dict[str, int] = {
-    "trainer.max_steps": 1_000_000,
+from aligner.config import TrainConfig, config_from_dict
+from aligner.errors import AlignerError, ConfigError
+from aligner.rewards.builtins import BUILTIN_REWARDS, validate_builtin_params
+try:
+    from aligner.servers.launch import check_critic_overrides
+except ImportError:  # TEMP until merge
+    def check_critic_overrides(items): return items
+from webapp.catalogue import find_dataset, find_model, find_server, reward_target
+from webapp.db import ALGORITHMS, CRITIC, POLICY, PPO, REWARD, TOKENIZER, CatalogueModel, Job, User
+
+# Sizes a single job may ask for; an operator changes them with ALIGNER_JOB_LIMITS or the app's JOB_LIMITS.
+JOB_LIMIT_DEFAULTS: dict[str, int] = {
+    "trainer.max_steps": 1_000_000,  # lands in a 32-bit column
     "generation.max_new_tokens": 65_536,
+    "generation.batch_size": 1024,
     "data.max_prompt_length": 1_048_576,
-    "reinforce.num_prompts_per_step": 65_536,
-    "reinforce.num_rollouts_per_prompt": 4_096,
+    "reinforce.num_prompts_per_step": 4096,
+    "reinforce.num_rollouts_per_prompt": 256,
+    "ppo.num_mini_batches": 1024,
+    "optim.micro_batch_size": 1024,
+    "reward.batch_size": 1024,
+    "model.num_threads": 64,
+    "trainer.train_samples_to_log": 256,
+    "trainer.num_val_prompts": 10_000,
+    "trainer.keep_checkpoints": 100,
 }
+JOB_LIMITS_ENV = "ALIGNER_JOB_LIMITS"
+DEFAULT_KEEP_CHECKPOINTS = 3
 INT64_MAX = 2**63 - 1
 MAX_REASON_CHARS = 300
 
-# (dotted field, what must exist there)
-PATH_CHECKS = (
-    ("model.policy_path", "dir"),
-    ("model.tokenizer_path", "dir"),
-    ("data.train_file", "file"),
-    ("data.val_file", "file"),
-    ("reward.model_path", "dir"),
-    ("critic.model_path", "dir"),
+# (field over the API, field of aligner's config, what it names)
+REFERENCES = (
+    ("model.policy", "model.policy_path", "model"),
+    ("model.tokenizer", "model.tokenizer_path", "model"),
+    ("data.train_dataset", "data.train_file", "dataset"),
+    ("data.val_dataset", "data.val_file", "dataset"),
+    ("reward.function", "reward.function", "reward function"),
+    ("reward.model", "reward.model_path", "model"),
+    ("reward.server", "reward.server_url", "server"),
+    ("critic.model", "critic.model_path", "model"),
+    ("critic.server", "critic.server_url", "server"),
 )
-NEEDS_CRITIC = (
-    "algorithm: ppo needs a critic: give critic.server_url (a running `aligner serve-critic`) or critic.model_path "
-    "(a reward-model folder; the worker starts a critic server from it)"
-)
+MODEL_KINDS_OF = {
+    "model.policy": (POLICY,),
+    "model.tokenizer": (POLICY, TOKENIZER),
+    "reward.model": (REWARD,),
+    "critic.model": (REWARD, CRITIC),
+}
+SERVER_KIND_OF = {"reward.server": REWARD, "critic.server": CRITIC}
+# Fields the server fills in from catalogue entries: a request naming them is refused.
+SERVER_ONLY = tuple(train for api, train, _ in REFERENCES if api != train) + ("reward.model_name",)
+API_NAME_OF = {train: api for api, train, _ in REFERENCES if api != train} | {"reward.model_name": "reward.server"}
+NEEDS_CRITIC = "algorithm: ppo needs a critic: give critic.server or critic.model (the worker starts a critic server)"
+
+
+class JobRefused(AlignerError, ValueError):
+    """A stored job the worker will not launch: its config names what its owner may not use (or no longer can)."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    train: TrainConfig  # what the trainer reads: server paths and URLs
+    stored: dict[str, Any]  # what the job keeps and the API shows: catalogue names, every default
+
+
+# ------------------------------------------------------------------------------------------------- messages
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
+
+
+def _api_words(text: str) -> str:
+    """aligner's messages in the API's field names (reward.server, not reward.server_url)."""
+    for train, api in sorted(API_NAME_OF.items(), key=lambda item: -len(item[0])):
+        text = text.replace(train, api)
+    return text.replace("`aligner train` starts a critic server from", "the worker starts a critic server from")
 
 
 def config_errors(err: ConfigError) -> dict[str, list[str]]:
-    """`ConfigError` lines (`  optim.lr: reason`) as `{"config.optim.lr": ["reason"]}`."""
+    """`ConfigError` lines (`  optim.lr: reason`) as `{"config.optim.lr": ["reason"]}`, in the API's field names."""
     lines = str(err).splitlines()
     errors: dict[str, list[str]] = {}
     if lines and lines[0].strip() == "invalid config:":
         for line in lines[1:]:
             field, _, reason = line.strip().partition(": ")
+            field = API_NAME_OF.get(field, field)
             key = "config" if field in ("", "config") else f"config.{field}"
-            errors.setdefault(key, []).append(_short(reason))
-    return errors or {"config": [_short(str(err))]}
+            errors.setdefault(key, []).append(_short(_api_words(reason)))
+    return errors or {"config": [_short(_api_words(str(err)))]}
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
+# ------------------------------------------------------------------------------------------------- limits
+def job_limits(overrides: dict[str, int] | None = None) -> dict[str, int]:
+    """JOB_LIMIT_DEFAULTS, then ALIGNER_JOB_LIMITS (a JSON object), then `overrides` (the app's JOB_LIMITS)."""
+    limits = dict(JOB_LIMIT_DEFAULTS)
+    raw = os.environ.get(JOB_LIMITS_ENV)
+    if raw:
+        try:
+            from_env = json.loads(raw)
+        except ValueError as err:
+            raise ConfigError(f"{JOB_LIMITS_ENV} is not a JSON object: {err}") from None
+        if not isinstance(from_env, dict) or not all(isinstance(v, int) for v in from_env.values()):
+            raise ConfigError(f'{JOB_LIMITS_ENV} must map fields to integers, e.g. {{"model.num_threads": 8}}')
+        limits.update(from_env)
+    limits.update(overrides or {})
+    return limits
 
 
 def _walk(value: Any, prefix: str):
@@ -75,7 +153,7 @@ def _walk(value: Any, prefix: str):
         yield prefix, value
 
 
-def limit_errors(config: TrainConfig, limits: dict[str, int] = SERVICE_LIMITS) -> dict[str, list[str]]:
+def limit_errors(config: TrainConfig, limits: dict[str, int]) -> dict[str, list[str]]:
     errors: dict[str, list[str]] = {}
     for field, value in _walk(config.model_dump(), "config"):
         if isinstance(value, bool):
@@ -85,57 +163,197 @@ def limit_errors(config: TrainConfig, limits: dict[str, int] = SERVICE_LIMITS) -
         elif isinstance(value, int):
             limit = limits.get(field.removeprefix("config."), INT64_MAX)
             if value > limit:
-                errors.setdefault(field, []).append(f"must be at most {limit} (got {value})")
+                errors.setdefault(field, []).append(f"must be at most {limit} on this server (got {value})")
             elif value < -limit:
                 errors.setdefault(field, []).append(f"must be at least {-limit} (got {value})")
     return errors
 
 
-def path_errors(config: TrainConfig, data_dir: Path) -> dict[str, list[str]]:
+# ------------------------------------------------------------------------------------------------- references
+def _get(data: dict, dotted: str) -> tuple[dict | None, str]:
+    section, name = dotted.split(".")
+    node = data.get(section)
+    return (node if isinstance(node, dict) else None), name
+
+
+def _not_found(api_field: str, what: str, ref: Any) -> str:
+    shown = _short(repr(ref))
+    if what == "dataset":
+        return f"dataset {shown} not found: give the id (or name) of one of your datasets (GET /api/v1/datasets)"
+    listing = {"model": "models", "server": "servers", "reward function": "reward-functions"}[what]
+    return f"{what} {shown} not found in the catalogue (GET /api/v1/catalogue/{listing})"
+
+
+def _resolve_references(
+    raw: dict[str, Any], session: Session, user: User, data_dir: Path
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, list[str]]]:
+    """(aligner config dict, {api field: canonical name}, errors): names looked up for `user`, server-only fields
+    refused."""
+    data = copy.deepcopy(raw)
+    names: dict[str, Any] = {}
     errors: dict[str, list[str]] = {}
-    for field, kind in PATH_CHECKS:
-        section, name = field.split(".")
-        value = getattr(getattr(config, section, None), name, None)  # a section may be absent (reward with PPO)
-        if value is None:
+    for field in SERVER_ONLY:
+        section, name = _get(data, field)
+        if section is not None and name in section:
+            del section[name]
+            errors[f"config.{field}"] = [f"not accepted: name a catalogue entry with {API_NAME_OF[field]}"]
+    for api_field, train_field, what in REFERENCES:
+        section, name = _get(data, api_field)
+        if section is None or name not in section:
             continue
-        path = Path(value)
-        ok = path.is_dir() if kind == "dir" else path.is_file()
-        if not ok:
-            shown = path.relative_to(data_dir) if path.is_relative_to(data_dir) else path
-            errors[f"config.{field}"] = [f"{'folder' if kind == 'dir' else 'file'} not found: {shown}"]
-    return errors
+        ref = section.pop(name)
+        if ref is None:
+            continue
+        train_name = train_field.split(".")[1]
+        if what == "dataset":
+            found = find_dataset(session, user, ref, data_dir)
+            if found is not None:
+                section[train_name], names[api_field] = str(found[1]), found[0].id
+        elif what == "model":
+            entry = find_model(session, ref, MODEL_KINDS_OF[api_field])
+            if entry is not None:
+                section[train_name], names[api_field] = entry.path, entry.name
+        elif what == "server":
+            entry = find_server(session, ref, SERVER_KIND_OF[api_field])
+            if entry is not None:
+                section[train_name], names[api_field] = entry.url, entry.name
+                if api_field == "reward.server":
+                    section["model_name"] = entry.model_name
+        else:
+            found = reward_target(session, ref)
+            if found is not None:
+                names[api_field], section[train_name] = found
+        if api_field not in names:
+            errors[f"config.{api_field}"] = [_not_found(api_field, what, ref)]
+    return data, names, errors
 
 
-def algorithm_errors(raw: dict[str, Any]) -> dict[str, list[str]]:
-    """The job type: `algorithm` is one of ALGORITHMS, and a PPO job names its critic (server or model)."""
-    algorithm = raw.get("algorithm", "reinforce")
-    if algorithm not in ALGORITHMS:
-        return {"config.algorithm": [f"must be one of {', '.join(ALGORITHMS)} (got {_short(repr(algorithm))})"]}
-    critic = raw.get("critic") or {}
-    if algorithm == PPO and isinstance(critic, dict) and not (critic.get("server_url") or critic.get("model_path")):
-        return {"config.critic": [NEEDS_CRITIC]}
+def _function_args_errors(names: dict[str, Any], data: dict[str, Any]) -> dict[str, list[str]]:
+    """A built-in reward's function_args checked against its parameters (normalised in place)."""
+    name = names.get("reward.function")
+    reward = data.get("reward") if isinstance(data.get("reward"), dict) else None
+    if reward is None or name not in BUILTIN_REWARDS:
+        return {}
+    try:
+        reward["function_args"] = validate_builtin_params(name, reward.get("function_args") or {})
+    except ConfigError as err:  # one `reward.function_args.<field>: reason` line per bad parameter
+        errors: dict[str, list[str]] = {}
+        for line in str(err).splitlines():
+            field, _, reason = line.strip().partition(": ")
+            errors.setdefault(f"config.{field}", []).append(_short(reason))
+        return errors
     return {}
 
 
-def validate_job_config(
-    raw: dict[str, Any], data_dir: Path, run_dir: Path, check_paths: bool = True
-) -> TrainConfig | dict[str, list[str]]:
-    """The validated config with `run_dir` set, or the errors by dotted field."""
-    raw = {**raw, "run_dir": str(run_dir)}
+def _critic_override_errors(data: dict[str, Any]) -> dict[str, list[str]]:
+    critic = data.get("critic") if isinstance(data.get("critic"), dict) else None
+    overrides = (critic or {}).get("server_overrides") or []
+    if not isinstance(overrides, list) or not all(isinstance(item, str) for item in overrides):
+        return {}  # aligner's own validation says what is wrong with the shape
     try:
-        config = config_from_dict(raw, data_dir)
+        check_critic_overrides(overrides)
     except ConfigError as err:
-        errors, job_type = config_errors(err), algorithm_errors(raw)
-        if "config.critic" in job_type:  # said under config.critic rather than at the root too
-            errors["config"] = [reason for reason in errors.get("config", []) if "critic" not in reason]
-            if not errors["config"]:
-                del errors["config"]
-        return {**errors, **job_type}
-    errors = algorithm_errors(raw)
+        return {"config.critic.server_overrides": [_short(str(err))]}
+    return {}
+
+
+def _stored(train: TrainConfig, names: dict[str, Any]) -> dict[str, Any]:
+    """The config the job keeps: aligner's, every default, with catalogue names in place of paths and URLs."""
+    stored = train.model_dump(mode="json")
+    for api_field, train_field, _ in REFERENCES:
+        section_name, api_name = api_field.split(".")
+        section = stored.get(section_name)
+        if not isinstance(section, dict):
+            continue
+        section.pop(train_field.split(".")[1], None)
+        section[api_name] = names.get(api_field)
+    if isinstance(stored.get("reward"), dict):
+        stored["reward"].pop("model_name", None)
+    return stored
+
+
+def confinement_errors(train: TrainConfig, session: Session, dataset_files: list[Path]) -> dict[str, list[str]]:
+    """Every path the trainer will read resolves (symlinks too) inside a catalogue model's folder or is one of the
+    owner's dataset files: what the names were turned into is checked once more, as it will be opened."""
+    roots = [Path(path) for path in session.scalars(select(CatalogueModel.path))]
+    errors: dict[str, list[str]] = {}
+    for api_field, train_field, what in REFERENCES:
+        if what not in ("model", "dataset"):
+            continue
+        section = getattr(train, train_field.split(".")[0], None)
+        value = getattr(section, train_field.split(".")[1], None) if section is not None else None
+        if value is None:
+            continue
+        path = Path(value).resolve()
+        inside = path in dataset_files if what == "dataset" else any(path.is_relative_to(root) for root in roots)
+        if not inside:
+            errors[f"config.{api_field}"] = [_not_found(api_field, what, "(as resolved)")]
+    return errors
+
+
+# ------------------------------------------------------------------------------------------------- the API
+def validate_job_config(
+    raw: dict[str, Any],
+    session: Session,
+    user: User,
+    data_dir: Path,
+    run_dir: Path,
+    limits: dict[str, int] | None = None,
+) -> JobConfig | dict[str, list[str]]:
+    """The job's config for the trainer and for the record, or the errors by dotted field (`config.model.policy`)."""
+    data_dir = Path(data_dir).resolve()
+    algorithm = raw.get("algorithm", "reinforce")
+    if algorithm not in ALGORITHMS:
+        return {"config.algorithm": [f"must be one of {', '.join(ALGORITHMS)} (got {_short(repr(algorithm))})"]}
+    data, names, errors = _resolve_references(raw, session, user, data_dir)
+    errors.update(_function_args_errors(names, data))
+    errors.update(_critic_override_errors(data))
+    data["run_dir"] = str(run_dir)
+    trainer = data.get("trainer")
+    if isinstance(trainer, dict) and trainer.get("keep_checkpoints") is None:
+        trainer["keep_checkpoints"] = DEFAULT_KEEP_CHECKPOINTS
+    elif trainer is None:
+        data["trainer"] = {"keep_checkpoints": DEFAULT_KEEP_CHECKPOINTS}
+    try:
+        train = config_from_dict(data, data_dir)
+    except ConfigError as err:
+        # A name not found is said once: not again as a missing path, nor as its section's "give exactly one of".
+        failed_sections = {field.split(".")[1] for field in errors if field.count(".") == 2}
+        for field, reasons in config_errors(err).items():
+            if field not in errors and field.removeprefix("config.") not in failed_sections:
+                errors[field] = reasons
+        root = errors.pop("config", [])
+        if algorithm == PPO and any("needs a critic" in reason for reason in root):
+            root = [reason for reason in root if "needs a critic" not in reason]
+            errors.setdefault("config.critic", [NEEDS_CRITIC])
+        if root:
+            errors["config"] = root
+        return errors
     if errors:
         return errors
-    errors = limit_errors(config)
-    if check_paths:
-        for field, reasons in path_errors(config, data_dir.resolve()).items():
-            errors.setdefault(field, []).extend(reasons)
-    return errors or config
+    errors = limit_errors(train, job_limits(limits))
+    if errors:
+        return errors
+    dataset_files = [Path(train.data.train_file).resolve(), Path(train.data.val_file).resolve()]
+    errors = confinement_errors(train, session, dataset_files)
+    return errors or JobConfig(train, _stored(train, names))
+
+
+# ------------------------------------------------------------------------------------------------- the worker
+def launch_config(
+    session: Session, job: Job, data_dir: Path, run_dir: Path, limits: dict[str, int] | None = None
+) -> TrainConfig:
+    """The config the worker hands to the trainer: the stored config checked again, for the job's owner, as it is
+    now (aligner.errors raised as JobRefused, naming every bad field)."""
+    owner = session.get(User, job.user_id)
+    stored = dict(job.config or {})
+    if owner is None:
+        raise JobRefused(f"job {job.id} has no owner")
+    try:
+        result = validate_job_config(stored, session, owner, data_dir, run_dir, limits)
+    except (ValidationError, ConfigError) as err:
+        raise JobRefused(f"the job's config is refused: {err}") from None
+    if isinstance(result, dict):
+        reasons = "; ".join(f"{field}: {', '.join(why)}" for field, why in result.items())
+        raise JobRefused(f"the job's config is refused at launch: {reasons}")
+    return result.train

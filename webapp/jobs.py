@@ -80,25 +80,31 @@ def _enqueue(job: Job) -> None:
 def create_job(json_data):
     """Create a training job
 
-    The config is validated like `aligner train --config` does (422 naming each bad field), run_dir is set to
+    The config names catalogue entries (GET /api/v1/catalogue/..., your datasets) and is validated like `aligner
+    train --config` does, within the server's limits (422 naming each bad field); run_dir is set to
     DATA_DIR/runs/job_ID, and the job is queued for the workers. `config.algorithm` is `reinforce` (default) or
-    `ppo`; a PPO job without `critic.server_url` gets a critic server (from `critic.model_path`) from its worker.
+    `ppo`; a PPO job with `critic.model` gets a critic server from its worker.
     """
-    data_dir = Path(current_app.config["DATA_DIR"])
+    user = current_user()
     result = validate_job_config(
-        json_data["config"], data_dir, run_dir_for(0), check_paths=current_app.config["CHECK_CONFIG_PATHS"]
+        json_data["config"],
+        db.session,
+        user,
+        Path(current_app.config["DATA_DIR"]),
+        run_dir_for(0),
+        current_app.config["JOB_LIMITS"],
     )
     if isinstance(result, dict):
         abort_fields(422, "Invalid config", result)
-    config = result.model_dump(mode="json")
+    config = result.stored
     job = Job(
-        user_id=current_user().id,
+        user_id=user.id,
         name=json_data["name"],
-        kind=result.algorithm,
+        kind=result.train.algorithm,
         status=QUEUED,
         config=config,
         num_processes=json_data["num_processes"],
-        max_steps=result.trainer.max_steps,
+        max_steps=result.train.trainer.max_steps,
     )
     db.session.add(job)
     db.session.flush()  # the id names the run folder
@@ -147,7 +153,11 @@ def cancel_job(job_id: int):
     A queued job is cancelled at once; a running one becomes `cancelling` until its worker stops it at the next step
     boundary (with a checkpoint, so it can be resumed).
     """
-    job = get_job_or_404(job_id, lock=True)
+    return cancel(get_job_or_404(job_id, lock=True))
+
+
+def cancel(job: Job) -> Job:
+    """Cancel `job` (locked by the caller) and commit: the state change of POST /jobs/{id}/cancel."""
     if job.status == QUEUED:
         transition(db.session, job, CANCELLED, cancel_requested=True)
     elif job.status == RUNNING:

@@ -1,10 +1,14 @@
-"""Administration of the training service from the `aligner` command line: migrations and API tokens.
+"""Administration of the training service from the `aligner` command line: migrations, API tokens, the catalogue.
 
     aligner db upgrade [--database-url URL]          # create or update the schema (Alembic, migrations/)
     aligner db downgrade REV [--database-url URL]    # e.g. REV=base drops every table
     aligner token create --user NAME [--name LABEL] [--admin] [--expires DAYS]   # prints a new bearer token
     aligner token list                               # every token: user, role, dates, active/expired/revoked
     aligner token revoke ID                          # the token stops working at once
+    aligner models add NAME PATH --kind policy|reward|critic|tokenizer   # a server folder jobs may use
+    aligner rewards add NAME module:callable         # a reward function jobs may name (built-ins need nothing)
+    aligner servers add NAME URL --kind reward|critic [--model-name M]   # a running server jobs may name
+    aligner models|rewards|servers list|remove NAME
     aligner ui --api-url URL [--port N]              # the dashboard (webapp/ui/), a client of the REST API
 
 The URL defaults to `webapp.db.database_url()`: env ALIGNER_DATABASE_URL, else a SQLite file under ALIGNER_DATA_DIR.
@@ -44,7 +48,8 @@ def _cmd_db(args: argparse.Namespace) -> None:
         raise _database_error(err, args.database_url) from None
 
 
-def _cmd_token(args: argparse.Namespace) -> None:
+def _in_session(args: argparse.Namespace, handler) -> None:
+    """Run `handler(session, args)` in one transaction on the service's database and print the lines it returns."""
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
     from webapp.db import database_url, make_engine, make_session_factory, session_scope
@@ -52,7 +57,7 @@ def _cmd_token(args: argparse.Namespace) -> None:
     engine = make_engine(args.database_url or database_url())
     try:
         with session_scope(make_session_factory(engine)) as session:
-            lines = TOKEN_COMMANDS[args.token_command](session, args)
+            lines = handler(session, args)
     except (OperationalError, ProgrammingError) as err:
         error = _database_error(err, args.database_url)
         if "no such table" in str(error) or "no such column" in str(error) or "does not exist" in str(error):
@@ -61,6 +66,10 @@ def _cmd_token(args: argparse.Namespace) -> None:
     finally:
         engine.dispose()
     print("\n".join(lines))
+
+
+def _cmd_token(args: argparse.Namespace) -> None:
+    _in_session(args, TOKEN_COMMANDS[args.token_command])
 
 
 def _token_create(session, args: argparse.Namespace) -> list[str]:
@@ -106,6 +115,87 @@ def _token_revoke(session, args: argparse.Namespace) -> list[str]:
 TOKEN_COMMANDS = {"create": _token_create, "list": _token_list, "revoke": _token_revoke}
 
 
+# ------------------------------------------------------------------------------------------------- catalogue
+def _catalogue_add(session, args: argparse.Namespace) -> list[str]:
+    from webapp import catalogue
+
+    if args.catalogue == "models":
+        entry = catalogue.add_model(session, args.name, args.path, args.kind, args.description)
+        size = f"{entry.size_bytes / 1e6:.1f} MB"
+        params = f", {entry.num_parameters:,} parameters" if entry.num_parameters is not None else ""
+        return [f"model {entry.name} ({entry.kind}): {entry.architecture}{params}, {size}, {entry.path}"]
+    if args.catalogue == "rewards":
+        entry = catalogue.add_reward_function(session, args.name, args.target, args.description)
+        return [f"reward function {entry.name}: {entry.target}"]
+    entry = catalogue.add_server(session, args.name, args.url, args.kind, args.model_name, args.description)
+    return [f"{entry.kind} server {entry.name}: {entry.url} (model {entry.model_name})"]
+
+
+def _catalogue_list(session, args: argparse.Namespace) -> list[str]:
+    from sqlalchemy import select
+
+    from aligner.rewards.builtins import BUILTIN_REWARDS
+    from webapp.catalogue import CATALOGUE_TABLES
+
+    table = CATALOGUE_TABLES[args.catalogue]
+    entries = session.scalars(select(table).order_by(table.name)).all()
+    if args.catalogue == "models":
+        return [f"{'name':<24} {'kind':<9} {'architecture':<28} {'MB':>9}  path"] + [
+            f"{e.name:<24} {e.kind:<9} {e.architecture:<28} {e.size_bytes / 1e6:>9.1f}  {e.path}" for e in entries
+        ]
+    if args.catalogue == "rewards":
+        builtins = [f"{name:<24} built-in  {b.target}" for name, b in BUILTIN_REWARDS.items()]
+        return builtins + [f"{e.name:<24} {'':<9} {e.target}" for e in entries]
+    return [f"{e.name:<24} {e.kind:<7} {e.model_name:<16} {e.url}" for e in entries]
+
+
+def _catalogue_remove(session, args: argparse.Namespace) -> list[str]:
+    from webapp.catalogue import CATALOGUE_TABLES, remove_entry
+
+    if not remove_entry(session, CATALOGUE_TABLES[args.catalogue], args.name):
+        raise AlignerError(f"{args.name!r} is not in the catalogue (see `aligner {args.catalogue} list`)")
+    return [f"{args.name} removed"]
+
+
+CATALOGUE_COMMANDS = {"add": _catalogue_add, "list": _catalogue_list, "remove": _catalogue_remove}
+
+
+def _cmd_catalogue(args: argparse.Namespace) -> None:
+    _in_session(args, CATALOGUE_COMMANDS[args.catalogue_command])
+
+
+def _add_catalogue_commands(sub: argparse._SubParsersAction, url_help: str) -> None:
+    """`aligner models|rewards|servers add|list|remove`: what jobs submitted over the API may use."""
+    from webapp.db import MODEL_KINDS, SERVER_KINDS
+
+    helps = {
+        "models": "the catalogue's models: server folders jobs may use as policy, reward model, critic, tokenizer",
+        "rewards": "the catalogue's reward functions (module:callable) jobs may name; built-ins are always there",
+        "servers": "the catalogue's reward and critic servers jobs may name",
+    }
+    for catalogue, help_text in helps.items():
+        parser = sub.add_parser(catalogue, help=help_text)
+        commands = parser.add_subparsers(dest="catalogue_command", required=True)
+        add = commands.add_parser("add", help="register an entry")
+        add.add_argument("name", help="the name jobs use (letters, digits, '.', '_', '-')")
+        if catalogue == "models":
+            add.add_argument("path", help="a Hugging Face folder on this server")
+            add.add_argument("--kind", required=True, choices=MODEL_KINDS, help="what jobs may use it as")
+        elif catalogue == "rewards":
+            add.add_argument("target", help="package.module:function, importable by the workers")
+        else:
+            add.add_argument("url", help="the server's http(s) URL, as the workers reach it")
+            add.add_argument("--kind", required=True, choices=SERVER_KINDS)
+            add.add_argument("--model-name", default="reward_model", help="model name on a reward server")
+        add.add_argument("--description", default="", help="what it is, shown to users")
+        listing = commands.add_parser("list", help="list the entries")
+        remove = commands.add_parser("remove", help="remove an entry (files are left alone)")
+        remove.add_argument("name")
+        for command in (add, listing, remove):
+            command.add_argument("--database-url", help=url_help)
+        parser.set_defaults(func=_cmd_catalogue, catalogue=catalogue)
+
+
 def _positive_days(text: str) -> float:
     try:
         days = float(text)
@@ -129,7 +219,7 @@ def _cmd_ui(args: argparse.Namespace) -> None:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Register `aligner db ...` and `aligner token ...` on the `aligner` parser's subcommands."""
+    """Register the service's commands (db, token, models, rewards, servers, up, ui) on the `aligner` parser."""
     url_help = "database URL (default: env ALIGNER_DATABASE_URL, else a SQLite file under ALIGNER_DATA_DIR)"
     db = sub.add_parser("db", help="create, upgrade or downgrade the training service's database (Alembic)")
     db_sub = db.add_subparsers(dest="db_command", required=True)
@@ -154,6 +244,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     for command in (create, listing, revoke):
         command.add_argument("--database-url", help=url_help)
     token.set_defaults(func=_cmd_token)
+
+    _add_catalogue_commands(sub, url_help)
 
     up = sub.add_parser("up", help="start the whole service locally: database, broker, reward server, worker, API")
     up.add_argument("--data-dir", default="aligner_data", help="database, runs, logs and stack.json go here")

@@ -9,7 +9,7 @@ from apiflask.fields import Boolean, DateTime, Dict, File, Float, Integer, List,
 from apiflask.validators import Length, OneOf, Range
 from marshmallow import ValidationError
 
-from webapp.db import ALGORITHMS, STATUSES
+from webapp.db import ALGORITHMS, MODEL_KINDS, SERVER_KINDS, STATUSES
 
 INT32_MAX = 2**31 - 1  # integer columns are 32-bit on PostgreSQL: larger ids and steps cannot exist
 MAX_PER_PAGE = 100
@@ -51,15 +51,16 @@ class JobIn(Schema):
         keys=String(),
         required=True,
         metadata={
-            "description": "The training config, in the shape `aligner train --config` reads (aligner/config.py). "
-            "Relative paths are relative to the server's data folder; run_dir is set by the server. "
-            "`algorithm` picks the trainer: `reinforce` (default) or `ppo`; a PPO job needs `critic.server_url` "
-            "(a running critic server) or `critic.model_path` (a reward-model folder: the worker starts a critic "
-            "server from it for the job, and stops it when the job ends).",
+            "description": "The training config: `aligner train --config`'s shape (aligner/config.py), naming "
+            "catalogue entries instead of paths, URLs or code: model.policy (and model.tokenizer), "
+            "data.train_dataset and data.val_dataset (dataset ids or names), reward.function (a built-in such as "
+            "exact_match, with reward.function_args, or a registered function), reward.model or reward.server, and "
+            "for `algorithm: ppo` critic.model (the worker starts a critic server) or critic.server. run_dir is set "
+            "by the server; trainer.keep_checkpoints defaults to 3.",
             "example": {
-                "model": {"policy_path": "models/tiny-sft"},
-                "data": {"train_file": "datasets/user_1/abc.jsonl", "val_file": "datasets/user_1/def.jsonl"},
-                "reward": {"function": "aligner.demo:reward"},
+                "model": {"policy": "tiny-sft"},
+                "data": {"train_dataset": 1, "val_dataset": 2},
+                "reward": {"function": "exact_match", "function_args": {"ignore_case": True}},
                 "trainer": {"max_steps": 50},
             },
         },
@@ -190,9 +191,12 @@ class DatasetOut(Schema):
     name = String(required=True)
     path = String(
         required=True,
-        metadata={"description": "Relative to the data folder: use it as data.train_file or data.val_file."},
+        metadata={"description": "Where it is stored, relative to the data folder."},
     )
     num_prompts = Integer(required=True)
+    size_bytes = Integer(required=True)
+    shared = Boolean(required=True, metadata={"description": "Shared by an admin with every user."})
+    mine = Boolean(required=True, metadata={"description": "You uploaded it."})
     created_at = UTCDateTime(required=True)
 
 
@@ -205,3 +209,108 @@ class HealthOut(Schema):
     status = String(required=True, metadata={"enum": ["ok", "error"]})
     database = String(required=True, metadata={"description": "ok, or why the database cannot be reached."})
     version = String(required=True)
+
+
+# ---------------------------------------------------------------------------------------------------- catalogue
+CATALOGUE_NAME = {"description": "Letters, digits, '.', '_', '-' (1-100), starting with a letter or digit."}
+
+
+class ModelIn(Schema):
+    name = String(required=True, validate=[Length(min=1, max=100), no_nul], metadata=CATALOGUE_NAME)
+    path = String(
+        required=True,
+        validate=[Length(min=1, max=4096), no_nul],
+        metadata={"description": "A Hugging Face folder on the server (symlinks are resolved when registered)."},
+    )
+    kind = String(required=True, validate=OneOf(MODEL_KINDS), metadata={"description": "What jobs may use it as."})
+    description = String(load_default="", validate=[Length(max=2000), no_nul])
+
+
+class ModelOut(Schema):
+    id = Integer(required=True)
+    name = String(required=True)
+    kind = String(required=True, metadata={"enum": list(MODEL_KINDS)})
+    architecture = String(required=True, metadata={"example": "LlamaForCausalLM"})
+    num_parameters = Integer(allow_none=True)
+    size_bytes = Integer(required=True)
+    description = String(required=True)
+    created_at = UTCDateTime(required=True)
+    path = String(allow_none=True, metadata={"description": "The server folder: shown to admins only."})
+
+
+class ModelQuery(Schema):
+    kind = String(validate=OneOf(MODEL_KINDS), metadata={"description": "Only models of this kind."})
+
+
+class ModelList(Schema):
+    items = List(Nested(ModelOut), required=True)
+
+
+class RewardFunctionIn(Schema):
+    name = String(required=True, validate=[Length(min=1, max=100), no_nul], metadata=CATALOGUE_NAME)
+    target = String(
+        required=True,
+        validate=[Length(min=3, max=300), no_nul],
+        metadata={"description": "`package.module:function`, importable by the workers.", "example": "my.rm:score"},
+    )
+    description = String(load_default="", validate=[Length(max=2000), no_nul])
+
+
+class RewardFunctionOut(Schema):
+    id = Integer(allow_none=True, metadata={"description": "None for a built-in."})
+    name = String(required=True)
+    builtin = Boolean(required=True)
+    description = String(required=True)
+    params = Dict(
+        keys=String(),
+        required=True,
+        metadata={"description": "JSON schema of `reward.function_args` (a built-in's parameters)."},
+    )
+    target = String(allow_none=True, metadata={"description": "`module:callable`: shown to admins only."})
+
+
+class RewardFunctionList(Schema):
+    items = List(Nested(RewardFunctionOut), required=True)
+
+
+class ServerIn(Schema):
+    name = String(required=True, validate=[Length(min=1, max=100), no_nul], metadata=CATALOGUE_NAME)
+    url = String(required=True, validate=[Length(min=8, max=2000), no_nul], metadata={"example": "http://rm:8000"})
+    kind = String(required=True, validate=OneOf(SERVER_KINDS))
+    model_name = String(
+        load_default="reward_model",
+        validate=[Length(min=1, max=100), no_nul],
+        metadata={"description": "Model name on a reward server (NeMo-Aligner's `reward_model`)."},
+    )
+    description = String(load_default="", validate=[Length(max=2000), no_nul])
+
+
+class ServerOut(Schema):
+    id = Integer(required=True)
+    name = String(required=True)
+    kind = String(required=True, metadata={"enum": list(SERVER_KINDS)})
+    model_name = String(required=True)
+    description = String(required=True)
+    created_at = UTCDateTime(required=True)
+    url = String(allow_none=True, metadata={"description": "Shown to admins only."})
+
+
+class ServerList(Schema):
+    items = List(Nested(ServerOut), required=True)
+
+
+class DatasetShareIn(Schema):
+    shared = Boolean(required=True, metadata={"description": "Every user may use it (true) or its owner only."})
+
+
+# -------------------------------------------------------------------------------------------------------- admin
+class AdminJobOut(JobOut):
+    user = String(required=True, metadata={"description": "The job's owner."})
+
+
+class AdminJobListQuery(JobListQuery):
+    user = String(validate=[Length(min=1, max=100), no_nul], metadata={"description": "Only this user's jobs."})
+
+
+class AdminJobPage(PageOut):
+    items = List(Nested(AdminJobOut), required=True)

@@ -1,7 +1,7 @@
 """`aligner up`: the whole training service on one machine, with embedded defaults and no external services.
 
     aligner up --data-dir aligner_data                        # database, broker, worker, API (+ reward server)
-    aligner up --data-dir aligner_data --demo                 # also: demo assets, demo reward model, a demo job
+    aligner up --data-dir aligner_data --demo                 # also: demo assets in the catalogue, a demo job
     ALIGNER_DATABASE_URL=postgresql://... ALIGNER_BROKER_URL=redis://host:6379/0 aligner up
 
 What it starts, each as a child process with its log in DATA_DIR/logs/:
@@ -12,8 +12,8 @@ What it starts, each as a child process with its log in DATA_DIR/logs/:
 - one Celery worker (prefork, one job at a time) and the REST API (Flask's threaded server; use gunicorn in
   production, see docker-compose.yml);
 - the dashboard (`aligner ui`, webapp/ui/), a Gradio client of the API.
-It prints the URLs and an API token and writes them to DATA_DIR/stack.json (`api_url`, `ui_url`, `reward_url`,
-`token`) for scripts. Ctrl-C or SIGTERM stops every child (whole process groups) before it exits.
+It prints the URLs and an operator (admin) API token and writes them to DATA_DIR/stack.json (`api_url`, `ui_url`,
+`reward_url`, `token`) for scripts. Ctrl-C or SIGTERM stops every child (whole process groups) before it exits.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
+import yaml
 
 from aligner.errors import AlignerError
 from aligner.processes import free_port, signal_group
@@ -173,26 +174,61 @@ class Stack:
         engine = make_engine(self.env["ALIGNER_DATABASE_URL"])
         try:
             with session_scope(make_session_factory(engine)) as session:
-                return create_token(session, "admin", "aligner up")
+                return create_token(session, "admin", "aligner up", admin=True)
         finally:
             engine.dispose()
 
 
 # ------------------------------------------------------------------------------------------------- demo job
-def submit_demo_job(urls: dict, demo_dir: Path) -> int:
-    """Submit DEMO_DIR/reinforce.yaml as a job scored by the stack's reward server; returns the job id."""
-    from aligner.config import load_config
+DEMO_POLICY, DEMO_REWARD_MODEL, DEMO_REWARD_SERVER = "demo-policy", "demo-reward-model", "demo-reward-server"
 
-    overrides = ["trainer.progress_bar=false"]
+
+def _api(urls: dict, method: str, path: str, **kwargs) -> requests.Response:
+    headers = {"Authorization": f"Bearer {urls['token']}"}
+    return requests.request(method, f"{urls['api_url']}/api/v1{path}", headers=headers, timeout=60, **kwargs)
+
+
+def register_demo_assets(urls: dict, demo_dir: Path) -> dict[str, int]:
+    """Put the demo assets in the catalogue through the API, as the operator: the policy and the reward model, the
+    stack's reward server (re-registered: its port changes with every start), and the prompt files as shared
+    datasets. Returns the datasets' ids ({"train": id, "val": id})."""
+    for name, folder, kind in ((DEMO_POLICY, "policy", "policy"), (DEMO_REWARD_MODEL, "reward_model", "reward")):
+        body = {"name": name, "path": str(demo_dir / folder), "kind": kind, "description": "aligner demo-assets"}
+        response = _api(urls, "POST", "/catalogue/models", json=body)
+        if response.status_code not in (201, 409):  # 409: registered by an earlier `aligner up --demo`
+            raise StackError(f"the API refused the demo model {name} ({response.status_code}): {response.text[:300]}")
     if urls.get("reward_url"):
-        overrides += ["reward.function=null", f"reward.server_url={urls['reward_url']}"]
-    config = load_config(demo_dir / "reinforce.yaml", overrides).model_dump(mode="json")
-    response = requests.post(
-        f"{urls['api_url']}/api/v1/jobs",
-        json={"name": "demo: REINFORCE on the tiny policy", "config": config},
-        headers={"Authorization": f"Bearer {urls['token']}"},
-        timeout=30,
-    )
+        _api(urls, "DELETE", f"/catalogue/servers/{DEMO_REWARD_SERVER}")
+        body = {"name": DEMO_REWARD_SERVER, "url": urls["reward_url"], "kind": "reward", "description": "aligner up"}
+        response = _api(urls, "POST", "/catalogue/servers", json=body)
+        if response.status_code != 201:
+            raise StackError(f"the API refused the demo reward server ({response.status_code}): {response.text[:300]}")
+    ids = {}
+    for split in ("train", "val"):
+        with (demo_dir / f"prompts_{split}.jsonl").open("rb") as f:
+            name = f"demo-prompts-{split}.jsonl"
+            response = _api(urls, "POST", "/datasets", files={"file": (name, f)}, data={"name": name})
+        if response.status_code != 201:
+            raise StackError(f"the API refused the demo prompts ({response.status_code}): {response.text[:300]}")
+        ids[split] = int(response.json()["id"])
+        _api(urls, "PATCH", f"/datasets/{ids[split]}", json={"shared": True})
+    return ids
+
+
+def submit_demo_job(urls: dict, demo_dir: Path) -> int:
+    """Submit DEMO_DIR/reinforce.yaml, naming the demo's catalogue entries, as a job scored by the stack's reward
+    server; returns the job id."""
+    datasets = register_demo_assets(urls, demo_dir)
+    config = yaml.safe_load((demo_dir / "reinforce.yaml").read_text())
+    config.pop("run_dir", None)
+    config["model"] = {**config["model"], "policy": DEMO_POLICY}
+    config["model"].pop("policy_path")
+    config["data"] = {**config["data"], "train_dataset": datasets["train"], "val_dataset": datasets["val"]}
+    for key in ("train_file", "val_file"):
+        config["data"].pop(key)
+    config["reward"] = {"server": DEMO_REWARD_SERVER} if urls.get("reward_url") else {"function": "demo"}
+    config["trainer"] = {**config.get("trainer", {}), "progress_bar": False}
+    response = _api(urls, "POST", "/jobs", json={"name": "demo: REINFORCE on the tiny policy", "config": config})
     if response.status_code != 201:
         raise StackError(f"the API refused the demo job ({response.status_code}): {response.text[:500]}")
     return int(response.json()["id"])

@@ -5,9 +5,12 @@
 1. Lease (worker/lease.py). The job's lease is taken with one atomic UPDATE; when no row is updated, another
    worker holds a live lease (or the job is finished or cancelled): this copy stands down and writes nothing.
    A queued job becomes running (`webapp.db.transition`); a running job with a stale lease is taken over.
-2. Prepare. The stored config is validated and written to RUN_DIR/job.yaml (run_dir forced to the job's, progress
-   bar off). When RUN_DIR holds a complete checkpoint the trainer resumes from it (`--resume`): SQL rows and JSONL
-   lines of later steps are dropped first, exactly as the trainer drops them, so nothing is ever counted twice.
+2. Prepare. The stored config is checked again (webapp.job_config.launch_config: the catalogue entries it names
+   exist and its owner may use them, every path resolves inside a catalogue folder or the owner's datasets, the
+   limits hold; a refused job fails with the reasons) and written as aligner's config to RUN_DIR/job.yaml (run_dir
+   the job's, progress bar off). When RUN_DIR holds a complete checkpoint the trainer resumes from it (`--resume`):
+   SQL rows and JSONL lines of later steps are dropped first, exactly as the trainer drops them, so nothing is ever
+   counted twice.
 3. Launch `python -m aligner.cli train --config RUN_DIR/job.yaml [--resume]` in its own process group (session),
    output appended to RUN_DIR/train.log. On Linux it gets SIGKILL if the worker process dies (PR_SET_PDEATHSIG).
 4. Follow, every `poll_interval` (0.5 s): renew the heartbeat (only while this worker still owns the lease),
@@ -69,6 +72,7 @@ from webapp.db import (
     transition,
     utcnow,
 )
+from webapp.job_config import launch_config
 from worker.critic import CriticPlan, CriticServer, critic_plan
 from worker.ingest import RunIngestor, prune_after
 from worker.lease import holds_lease, lease_owner, renew_lease, renewing_lease, take_lease
@@ -192,14 +196,12 @@ class JobRun:
         return launch, None
 
     def _prepare(self, session: Session, job: Job) -> Launch:
-        from aligner.config import config_from_dict
-
         settings = self.settings
         run_dir = Path(job.run_dir or settings.data_dir / "runs" / f"job_{job.id}").expanduser().resolve()
-        data = dict(job.config or {})
-        data["run_dir"] = str(run_dir)
-        data["trainer"] = {**(data.get("trainer") or {}), "progress_bar": False}  # train.log is no terminal
-        config = config_from_dict(data, settings.data_dir)  # a ConfigError (ValueError) names the bad field
+        # The stored config names catalogue entries: checked again, for the job's owner, as things are now (a
+        # JobRefused, a ValueError, names each refused field).
+        config = launch_config(session, job, settings.data_dir, run_dir)
+        config.trainer.progress_bar = False  # train.log is no terminal
         run_dir.mkdir(parents=True, exist_ok=True)
         kill_leftover_trainer(run_dir)
         kill_leftover_critic(run_dir)

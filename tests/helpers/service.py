@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from tests.helpers.catalogue import api_config
 from tests.helpers.databases import POSTGRES_URL
 from webapp.db import FINAL_STATUSES, Base, Job, User, make_engine, make_session_factory, session_scope
 
@@ -73,14 +74,20 @@ class PgSchema:
         admin.dispose()
 
 
-def create_job(factory, config: dict, run_dir: Path | None = None, **fields) -> int:
-    """A queued job (or one with `fields` set) of the user `tester`, as the API would commit it; its id."""
+def create_job(factory, config: dict, run_dir: Path | None = None, data_dir: Path | None = None, **fields) -> int:
+    """A queued job (or one with `fields` set) of the user `tester`, as the API would commit it; its id.
+
+    `config` is aligner's (paths): what it names is registered in the catalogue and its prompt files become the
+    user's datasets in `data_dir` (default: `run_dir`'s sibling `data`, the tests' Settings.data_dir)."""
     with session_scope(factory) as session:
         user = session.query(User).filter_by(name="tester").one_or_none()
         if user is None:
             user = User(name="tester")
             session.add(user)
             session.flush()
+        if config:
+            data_dir = data_dir or Path(run_dir).parent / "data"
+            config = api_config(session, user, config, data_dir)
         job = Job(user_id=user.id, name="tiny", config=config, run_dir=str(run_dir or ""), **fields)
         session.add(job)
         session.flush()
@@ -169,7 +176,7 @@ class Service:
 
     def submit(self, config: dict, **fields) -> int:
         """What the API does: commit a queued Job row, then send `aligner.run_job(job_id)`."""
-        job_id = create_job(self.factory, config, **fields)
+        job_id = create_job(self.factory, config, data_dir=self.folder / "data", **fields)
         self.send(job_id)
         return job_id
 

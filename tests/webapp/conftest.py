@@ -1,5 +1,6 @@
 """Fixtures of the REST API tests: `app` (SQLite file, or PostgreSQL for tests parametrised with `backend`),
-`client`, `token` / `other_token` (two users), a valid job `config`, and `db_session` to insert rows directly.
+`client`, `token` / `other_token` (two users), `admin_token`, a valid job `config` naming the catalogue's entries, and
+`db_session` to insert rows directly.
 
     @both_backends    # (tests/helpers/api.py) runs the test on SQLite and on a fresh PostgreSQL schema
     def test_x(client, token, config): ...
@@ -12,11 +13,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from tests.helpers.api import PROMPTS
+from tests.helpers.catalogue import add_dataset, register_model
 from tests.helpers.databases import database_url
 from webapp import create_app
-from webapp.db import create_token, session_scope
+from webapp.db import User, create_token, session_scope
 from webapp.extensions import db
 from webapp.queues import InMemoryQueue
 
@@ -30,7 +33,8 @@ def backend(request) -> str:
 def data_dir(tmp_path) -> Path:
     """The server's data folder, with a (stand-in) policy folder and two prompt files a config can name."""
     folder = tmp_path / "data"
-    (folder / "models" / "tiny-sft").mkdir(parents=True)
+    for model in ("tiny-sft", "tiny-rm"):
+        (folder / "models" / model).mkdir(parents=True)
     for name in ("train.jsonl", "val.jsonl"):
         (folder / name).write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     return folder
@@ -38,6 +42,8 @@ def data_dir(tmp_path) -> Path:
 
 @pytest.fixture
 def app(backend, tmp_path, data_dir):
+    """The API on a fresh database whose catalogue holds the policy `tiny-sft` and the reward model `tiny-rm`
+    (stand-in folders), and whose admin `operator` shared the datasets `train.jsonl` and `val.jsonl`."""
     with database_url(backend, tmp_path) as url:
         app = create_app(
             {
@@ -50,6 +56,14 @@ def app(backend, tmp_path, data_dir):
         )
         with app.app_context():
             db.create_all()
+            with session_scope(db.session_factory) as session:
+                register_model(session, data_dir / "models" / "tiny-sft", "policy", "tiny-sft")
+                register_model(session, data_dir / "models" / "tiny-rm", "reward", "tiny-rm")
+                session.add(User(name="operator", is_admin=True))
+                session.flush()
+                operator = session.scalar(select(User).where(User.name == "operator"))
+                for name in ("train.jsonl", "val.jsonl"):
+                    add_dataset(session, operator, data_dir / name, data_dir, shared=True, name=name)
         yield app
         with app.app_context():
             db.engine.dispose()
@@ -90,12 +104,18 @@ def other_token(app) -> str:
 
 
 @pytest.fixture
+def admin_token(app) -> str:
+    with app.app_context(), session_scope(db.session_factory) as session:
+        return create_token(session, "operator", "tests", admin=True)
+
+
+@pytest.fixture
 def config() -> dict:
-    """A valid job config; paths are relative to the data folder (see `data_dir`)."""
+    """A valid job config naming the catalogue's entries (see `app`)."""
     return {
-        "model": {"policy_path": "models/tiny-sft"},
-        "data": {"train_file": "train.jsonl", "val_file": "val.jsonl"},
-        "reward": {"function": "aligner.demo:reward"},
+        "model": {"policy": "tiny-sft"},
+        "data": {"train_dataset": "train.jsonl", "val_dataset": "val.jsonl"},
+        "reward": {"function": "demo"},
         "trainer": {"max_steps": 5},
     }
 

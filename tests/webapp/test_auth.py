@@ -77,6 +77,16 @@ def test_openapi_document_lists_paths_schemas_and_bearer_auth(client):
         "/api/v1/jobs/{job_id}/model",
         "/api/v1/jobs/{job_id}/events",
         "/api/v1/datasets",
+        "/api/v1/datasets/{dataset_id}",
+        "/api/v1/catalogue/models",
+        "/api/v1/catalogue/models/{name}",
+        "/api/v1/catalogue/reward-functions",
+        "/api/v1/catalogue/reward-functions/{name}",
+        "/api/v1/catalogue/servers",
+        "/api/v1/catalogue/servers/{name}",
+        "/api/v1/admin/jobs",
+        "/api/v1/admin/jobs/{job_id}",
+        "/api/v1/admin/jobs/{job_id}/cancel",
     }
     schemas = spec["components"]["schemas"]
     assert {"JobIn", "JobOut", "JobPage", "MetricsOut", "SamplePage", "DatasetOut", "HealthOut"} <= set(schemas)

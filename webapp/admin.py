@@ -1,0 +1,79 @@
+"""Every user's jobs, for admins (`/api/v1/admin/jobs`): list, get, cancel. A non-admin gets 403."""
+
+from __future__ import annotations
+
+from apiflask import APIBlueprint
+from sqlalchemy import func, select
+
+from webapp.auth import auth, require_admin
+from webapp.db import Job, User
+from webapp.errors import abort_fields
+from webapp.extensions import db
+from webapp.jobs import cancel
+from webapp.schemas import INT32_MAX, AdminJobListQuery, AdminJobOut, AdminJobPage
+
+bp = APIBlueprint("admin", __name__, url_prefix="/api/v1/admin", tag="Admin")
+ADMIN_ONLY = {403: "Not an admin"}
+
+
+def _with_owner(job: Job, owner: str) -> dict:
+    columns = {column.name: getattr(job, column.name) for column in Job.__table__.columns}
+    return {**columns, "algorithm": job.algorithm, "user": owner}
+
+
+def _job_or_404(job_id: int, lock: bool = False) -> tuple[Job, str]:
+    if job_id > INT32_MAX:
+        abort_fields(404, f"job {job_id} not found")
+    query = select(Job, User.name).join(User, Job.user_id == User.id).where(Job.id == job_id)
+    row = db.session.execute(query.with_for_update(of=Job) if lock else query).first()
+    if row is None:
+        abort_fields(404, f"job {job_id} not found")
+    return row[0], row[1]
+
+
+@bp.get("/jobs/<int:job_id>")
+@bp.auth_required(auth)
+@bp.output(AdminJobOut)
+@bp.doc(responses=ADMIN_ONLY)
+def get_any_job(job_id: int):
+    """Get any user's job (admin)"""
+    require_admin()
+    return _with_owner(*_job_or_404(job_id))
+
+
+@bp.get("/jobs")
+@bp.auth_required(auth)
+@bp.input(AdminJobListQuery, location="query")
+@bp.output(AdminJobPage)
+@bp.doc(responses=ADMIN_ONLY)
+def list_all_jobs(query_data):
+    """List every user's jobs, newest first (admin)"""
+    require_admin()
+    where = []
+    if "status" in query_data:
+        where.append(Job.status == query_data["status"])
+    if "algorithm" in query_data:
+        where.append(Job.kind == query_data["algorithm"])
+    if "user" in query_data:
+        where.append(User.name == query_data["user"])
+    page, per_page = query_data["page"], query_data["per_page"]
+    joined = select(Job, User.name).join(User, Job.user_id == User.id).where(*where)
+    total = db.session.scalar(select(func.count()).select_from(joined.subquery()))
+    rows = db.session.execute(joined.order_by(Job.id.desc()).offset((page - 1) * per_page).limit(per_page))
+    return {
+        "items": [_with_owner(job, owner) for job, owner in rows],
+        "total": total,
+        "page": page,
+        "per_page": per_page,
+    }
+
+
+@bp.post("/jobs/<int:job_id>/cancel")
+@bp.auth_required(auth)
+@bp.output(AdminJobOut)
+@bp.doc(responses={**ADMIN_ONLY, 409: "The job has already finished"})
+def cancel_any_job(job_id: int):
+    """Cancel any user's job (admin)"""
+    require_admin()
+    job, owner = _job_or_404(job_id, lock=True)
+    return _with_owner(cancel(job), owner)
