@@ -12,6 +12,17 @@ Config (create_app's test_config, else the environment):
     JOB_LIMITS             per-job caps over webapp.job_config's, e.g. {"model.num_threads": 8}; env ALIGNER_JOB_LIMITS
     SSE_POLL_INTERVAL, SSE_HEARTBEAT_INTERVAL   seconds (0.25, 15)
 
+Limits (webapp/limits.py, docs/security-limits.md), each defaulting to its environment variable:
+
+    SIGNIN_FAILURE_LIMIT         requests without a valid token per client address ("10 per minute"), then 429;
+                                 env ALIGNER_SIGNIN_LIMIT
+    RATELIMIT_STORAGE_URI        where those are counted ("memory://", per process; e.g. "redis://host:6379/2" for
+                                 all processes); env ALIGNER_RATELIMIT_STORAGE_URI. RATELIMIT_ENABLED (True),
+                                 RATELIMIT_IN_MEMORY_FALLBACK_ENABLED (True) and Flask-Limiter's other keys apply too
+    MAX_ACTIVE_JOBS_PER_USER     queued + running + cancelling jobs (4), then 429; env ALIGNER_MAX_ACTIVE_JOBS
+    MAX_DATASET_BYTES_PER_USER   all of a user's uploads (1 GiB), then 413; env ALIGNER_MAX_DATASET_BYTES
+    MAX_EVENT_STREAMS_PER_USER   open event streams per API process (4), then 429; env ALIGNER_MAX_EVENT_STREAMS
+
 The Flask pieces are imported inside create_app: the worker imports webapp.db without needing them.
 """
 
@@ -40,10 +51,11 @@ def _version() -> str:
 
 
 def create_app(test_config: dict[str, Any] | None = None):
-    """The API app: config, database, job queue, error handling, blueprints, OpenAPI at /api/v1/openapi.json."""
+    """The API app: config (the keys and their environment variables: this module's docstring), database, job queue,
+    limits, error handling, blueprints, OpenAPI at /api/v1/openapi.json."""
     from apiflask import APIFlask
 
-    from webapp import admin, catalogue_api, datasets, errors, health, jobs, results
+    from webapp import admin, catalogue_api, datasets, errors, health, jobs, limits, results
     from webapp.db import DEFAULT_DATA_DIR, database_url
     from webapp.extensions import db
     from webapp.queues import CeleryQueue
@@ -66,6 +78,7 @@ def create_app(test_config: dict[str, Any] | None = None):
         JOB_LIMITS=None,
         SSE_POLL_INTERVAL=0.25,
         SSE_HEARTBEAT_INTERVAL=15.0,
+        **limits.config_defaults(),
         API_VERSION=version,
         DESCRIPTION=API_DESCRIPTION,
         TAGS=[
@@ -87,6 +100,7 @@ def create_app(test_config: dict[str, Any] | None = None):
 
     db.init_app(app)
     app.extensions["aligner_queue"] = app.config["JOB_QUEUE"] or CeleryQueue()
+    limits.init_app(app, authenticated=(jobs.bp, results.bp, datasets.bp))  # first: a throttled address costs least
     errors.init_app(app)
     for module in (health, jobs, results, datasets, catalogue_api, admin):
         app.register_blueprint(module.bp)

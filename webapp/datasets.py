@@ -3,7 +3,8 @@
 An upload is checked with `aligner.data.prompts.read_prompt_file` (422 with the `file:line: reason` of each bad
 line) and stored as DATA_DIR/datasets/user_<id>/<random>.jsonl. A job names it by id (or name):
 `"data": {"train_dataset": 3, ...}`. Only its owner sees and uses it, unless an admin shares it. Uploads may be
-up to MAX_DATASET_SIZE bytes (256 MiB), unlike other requests (MAX_CONTENT_LENGTH, 1 MiB).
+up to MAX_DATASET_SIZE bytes (256 MiB), unlike other requests (MAX_CONTENT_LENGTH, 1 MiB), and a user's datasets
+together up to MAX_DATASET_BYTES_PER_USER (1 GiB; webapp/limits.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ from webapp.catalogue import DATASETS_DIR, visible_datasets
 from webapp.db import Dataset
 from webapp.errors import abort_fields
 from webapp.extensions import db
+from webapp.limits import check_dataset_bytes
 from webapp.schemas import INT32_MAX, DatasetIn, DatasetOut, DatasetPage, DatasetShareIn, PageQuery
+
+# A file's name is the dataset's default name: longer ones are cut (PostgreSQL refuses, rather than truncates).
+NAME_LENGTH = Dataset.__table__.c.name.type.length
 
 bp = APIBlueprint("datasets", __name__, url_prefix="/api/v1/datasets", tag="Datasets")
 
@@ -38,26 +43,28 @@ def _larger_uploads() -> None:
 @bp.auth_required(auth)
 @bp.input(DatasetIn, location="form_and_files")
 @bp.output(DatasetOut, status_code=201, description="The stored dataset; use its path in a job config.")
-@bp.doc(responses={413: "File too large"})
+@bp.doc(responses={413: "File too large, or the user's datasets would pass MAX_DATASET_BYTES_PER_USER"})
 def upload_dataset(form_and_files_data):
     """Upload a prompt file (multipart field `file`, JSONL)"""
     upload = form_and_files_data["file"]
-    shown_name = secure_filename(upload.filename or "") or "upload.jsonl"
+    shown_name = (secure_filename(upload.filename or "") or "upload.jsonl")[:NAME_LENGTH]
     data_dir = Path(current_app.config["DATA_DIR"])
     folder = data_dir / DATASETS_DIR / f"user_{current_user().id}"
     folder.mkdir(parents=True, exist_ok=True)
     stem = uuid.uuid4().hex
     tmp = folder / f".{stem}.uploading"
+    path = folder / f"{stem}.jsonl"
     upload.save(tmp)
     try:
+        check_dataset_bytes(tmp.stat().st_size)
         records = read_prompt_file(tmp)
+        tmp.rename(path)
     except PromptDataError as err:
-        tmp.unlink(missing_ok=True)
         lines = [line.strip() for line in str(err).replace(str(tmp), shown_name).splitlines()]
         reasons = lines[1:] if len(lines) > 1 else lines
         abort_fields(422, f"Invalid prompt file {shown_name}", {"file": reasons})
-    path = folder / f"{stem}.jsonl"
-    tmp.rename(path)
+    finally:
+        tmp.unlink(missing_ok=True)  # refused or failed: no half-accepted upload stays behind
     dataset = Dataset(
         user_id=current_user().id,
         name=form_and_files_data.get("name") or shown_name,

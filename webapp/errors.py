@@ -6,12 +6,14 @@ empty when no single field is to blame (401, 404, 409, ...).
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, NoReturn
 
 from apiflask import APIFlask, HTTPError
-from flask import request
-from werkzeug.exceptions import HTTPException
+from flask import current_app, request
+from webargs.core import parse_json
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 # Where webargs found the input; dropped from the field names (`json.config.x` -> `config.x`).
 LOCATIONS = ("json", "query", "querystring", "form", "files", "form_and_files", "json_or_form", "headers", "view_args")
@@ -20,6 +22,9 @@ LOCATIONS = ("json", "query", "querystring", "form", "files", "form_and_files", 
 MAX_JSON_DEPTH = 64
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _JSON_BRACKET = re.compile(rb"[\[\]{}]")
+
+# Bodies webargs also reads for an input declared as multipart (a urlencoded form is a form without files).
+READABLE_AS = {"multipart/form-data": ("multipart/form-data", "application/x-www-form-urlencoded")}
 
 ERROR_SCHEMA = {
     "type": "object",
@@ -73,6 +78,56 @@ def json_too_deep(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
+def _string_problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "must not contain NUL characters"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return f"must be valid Unicode: lone surrogate \\u{ord(text[err.start]):04x} at position {err.start}"
+    return None
+
+
+def unstorable_strings(value: Any, path: str = "") -> dict[str, list[str]]:
+    """The strings (keys included) in parsed JSON that no column, file name or UTF-8 text can hold, by dotted path.
+
+    JSON escapes can spell both: `\\u0000` (PostgreSQL text and file paths refuse NUL) and lone surrogates such as
+    `\\ud800` (no UTF-8 encoding exists). Depth is bounded by MAX_JSON_DEPTH, checked before parsing.
+    """
+    out: dict[str, list[str]] = {}
+    if isinstance(value, str):
+        problem = _string_problem(value)
+        if problem:
+            out[path or "body"] = [problem]
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            problem = _string_problem(key)
+            shown = key.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00") if problem else key
+            child = f"{path}.{shown}" if path else shown
+            if problem:
+                out.setdefault(child, []).append(f"key {problem}")
+            for k, v in unstorable_strings(item, child).items():
+                out.setdefault(k, []).extend(v)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            out.update(unstorable_strings(item, f"{path}.{index}" if path else str(index)))
+    return out
+
+
+def _body_content_type() -> str | None:
+    """The content type the endpoint's input schema reads (APIFlask's annotation), if it reads a body."""
+    view = current_app.view_functions.get(request.endpoint or "")
+    content_type = getattr(view, "_spec", {}).get("content_type")
+    return content_type if isinstance(content_type, str) else None
+
+
+def _readable_as(expected: str) -> bool:
+    """Whether webargs can read this request's body for an input declared as `expected` (JSON: also +json)."""
+    if expected == "application/json":
+        return request.is_json
+    return request.mimetype in READABLE_AS.get(expected, (expected,))
+
+
 def error_body(error: HTTPError) -> tuple[dict, int, Any]:
     """APIFlask's error processor: every HTTPError (validation, auth, abort) in the one shape."""
     errors = error.extra_data.get("errors")
@@ -86,10 +141,30 @@ def init_app(app: APIFlask) -> None:
     app.config["HTTP_ERROR_SCHEMA"] = ERROR_SCHEMA
     app.error_processor(error_body)
 
+    # Before the view (and webargs) sees the body: what would otherwise end in a 500.
     @app.before_request
-    def _refuse_deep_json() -> None:
-        if request.is_json and request.content_length and json_too_deep(request.get_data(cache=True)):
+    def _check_body() -> None:
+        expected = _body_content_type()
+        if expected and request.mimetype and not _readable_as(expected):
+            reason = f"must be {expected}, not {request.mimetype}"
+            abort_fields(415, f"Unsupported Content-Type {request.mimetype}", {"Content-Type": [reason]})
+        if not request.is_json:
+            return
+        data = request.get_data(cache=True)
+        limit = request.max_content_length
+        if request.content_length is None and limit is not None and len(data) >= limit:
+            raise RequestEntityTooLarge()  # a chunked body: werkzeug stops reading at the limit without saying so
+        if json_too_deep(data):
             abort_fields(400, "Bad Request", {"body": [f"JSON nested deeper than {MAX_JSON_DEPTH} levels"]})
+        try:
+            body = parse_json(data)
+        except json.JSONDecodeError:
+            return  # webargs reports it with line and column
+        except ValueError as err:  # an integer of more digits than sys.get_int_max_str_digits() (4300)
+            abort_fields(400, "Bad Request", {"body": [f"invalid JSON: {err}"]})
+        problems = unstorable_strings(body)
+        if problems:
+            abort_fields(422, "Invalid text in the JSON body", problems)
 
     # Replaces APIFlask's handler of Werkzeug's exceptions, which drops what webargs attached (the JSON error).
     @app.errorhandler(HTTPException)

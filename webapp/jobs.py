@@ -39,6 +39,7 @@ from webapp.db import (
 from webapp.errors import abort_fields
 from webapp.extensions import db
 from webapp.job_config import validate_job_config
+from webapp.limits import check_active_jobs
 from webapp.schemas import INT32_MAX, JobIn, JobListQuery, JobOut, JobPage
 
 bp = APIBlueprint("jobs", __name__, url_prefix="/api/v1/jobs", tag="Jobs")
@@ -85,6 +86,7 @@ def create_job(json_data):
     DATA_DIR/runs/job_ID, and the job is queued for the workers. `config.algorithm` is `reinforce` (default) or
     `ppo`; a PPO job with `critic.model` gets a critic server from its worker.
     """
+    check_active_jobs()
     user = current_user()
     result = validate_job_config(
         json_data["config"],
@@ -182,6 +184,7 @@ def resume_job(job_id: int):
         abort_fields(409, f"job {job.id} is {job.status}: only a finished job can be resumed")
     if not db.session.scalar(select(func.count()).select_from(Checkpoint).where(Checkpoint.job_id == job.id)):
         abort_fields(409, f"job {job.id} has no checkpoint to resume from: retry it instead")
+    check_active_jobs()
     # A new start: the worker's count of starts (ALIGNER_MAX_ATTEMPTS) and the old lease begin afresh.
     transition(db.session, job, QUEUED, attempts=0, worker=None, heartbeat_at=None)
     db.session.commit()
@@ -201,6 +204,7 @@ def retry_job(job_id: int):
     job = get_job_or_404(job_id, lock=True)
     if job.status not in (FAILED, CANCELLED):
         abort_fields(409, f"job {job.id} is {job.status}: only a failed or cancelled job can be retried")
+    check_active_jobs()
     for model in (Metric, Sample, Checkpoint):
         db.session.execute(delete(model).where(model.job_id == job.id))
     runs = (Path(current_app.config["DATA_DIR"]) / "runs").resolve()

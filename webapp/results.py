@@ -10,7 +10,8 @@ polled from the database every SSE_POLL_INTERVAL seconds (0.25) with a fresh ses
 `Last-Event-ID` (the header a reconnecting EventSource sends) or `?last_event_id=`. The stream ends once the job is
 finished and every event was sent, or after `?timeout=` seconds; a `: heartbeat` comment every
 SSE_HEARTBEAT_INTERVAL seconds (15) keeps proxies from closing an idle stream. Each open stream holds one server
-thread: run the API with a threaded server (gunicorn gthread, or `flask run`, which is threaded).
+thread: run the API with a threaded server (gunicorn gthread, or `flask run`, which is threaded). A user may hold
+MAX_EVENT_STREAMS_PER_USER (4) streams at once in each API process; one more is 429 (webapp/limits.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from webapp.db import FINAL_STATUSES, Checkpoint, Event, Job, Metric, Sample
 from webapp.errors import abort_fields
 from webapp.extensions import db
 from webapp.jobs import get_job_or_404
+from webapp.limits import event_stream_slot
 from webapp.schemas import (
     INT32_MAX,
     CheckpointList,
@@ -157,7 +159,8 @@ def _sse(event: Event) -> str:
         200: {
             "description": "A text/event-stream of the job's events (id = event id, event = kind, data = JSON).",
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
-        }
+        },
+        429: "The user has MAX_EVENT_STREAMS_PER_USER streams open",
     },
     extensions={"x-last-event-id-header": "Last-Event-ID: resume after this event id"},
 )
@@ -167,17 +170,25 @@ def stream_events(job_id: int, query_data):
     last_id = query_data.get("last_event_id", 0)
     header = request.headers.get("Last-Event-ID")
     if header:
-        if not header.strip().isdigit() or int(header) > INT32_MAX:
+        # isdigit alone lets through what int() refuses: superscripts such as "²" (Latin-1 in a header).
+        if not (header.strip().isascii() and header.strip().isdigit()) or int(header) > INT32_MAX:
             reason = f"must be an integer from 0 to {INT32_MAX}"
             abort_fields(422, "Invalid Last-Event-ID", {"Last-Event-ID": [reason]})
         last_id = int(header)
     timeout = query_data.get("timeout")
+    release_slot = event_stream_slot()
     poll = current_app.config["SSE_POLL_INTERVAL"]
     heartbeat = current_app.config["SSE_HEARTBEAT_INTERVAL"]
     factory = db.session_factory
     db.close_session()  # the stream polls with short sessions of its own: no connection held in between
 
     def generate():
+        try:
+            yield from follow()
+        finally:  # the end of the stream, or the client went away (the server closes the generator)
+            release_slot()
+
+    def follow():
         nonlocal last_id
         start = last_output = time.monotonic()
         yield "retry: 2000\n\n"
@@ -210,8 +221,10 @@ def stream_events(job_id: int, query_data):
             wait = poll if timeout is None else max(0.0, min(poll, start + timeout - now))
             time.sleep(wait)
 
-    return Response(
+    response = Response(
         generate(),
         mimetype="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+    response.call_on_close(release_slot)  # a body never started (HEAD, a client gone before the first byte)
+    return response

@@ -75,6 +75,12 @@ def read_jsonl_records(path: str | Path, check_line, what: str, items: str, erro
         except json.JSONDecodeError as err:
             errors.append(f"{path}:{lineno}: invalid JSON: {err.msg} (column {err.colno})")
             continue
+        except RecursionError:
+            errors.append(f"{path}:{lineno}: invalid JSON: nested too deeply")
+            continue
+        except ValueError as err:  # an integer of more digits than sys.get_int_max_str_digits() (4300)
+            errors.append(f"{path}:{lineno}: invalid JSON: {err}")
+            continue
         result = check_line(obj)
         if isinstance(result, str):
             errors.append(f"{path}:{lineno}: {result}")

@@ -44,7 +44,8 @@ def test_create_job_resolves_config_sets_run_dir_and_enqueues(client, token, con
 
 
 @both_backends
-def test_list_jobs_paginates_newest_first_and_filters_by_status(client, token, other_token, config, db_session):
+def test_list_jobs_paginates_newest_first_and_filters_by_status(app, client, token, other_token, config, db_session):
+    app.config["MAX_ACTIVE_JOBS_PER_USER"] = 5  # five queued jobs to page through
     ids = [create_job(client, token, config, name=f"job{i}")["id"] for i in range(5)]
     create_job(client, other_token, config, name="bob's")  # never listed for alice
     set_job(db_session, ids[1], status="failed")

@@ -1,0 +1,187 @@
+"""Limits an operator sets: failed sign-ins per client address (429 with Retry-After), and per user the active jobs
+(429), the bytes of uploaded datasets (413) and the open event streams (429). Each is an app config key whose default
+comes from an environment variable (SETTINGS; listed in webapp/__init__.py and docs/security-limits.md).
+
+Failed sign-ins are Flask-Limiter's: a shared limit on every blueprint that needs a token, checked before each
+request and deducted only when the answer is 401 (no, a wrong, an expired or a revoked token). Once an address has
+used them up, every request from it that needs a token gets 429 until the window ends, a valid token or not.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from apiflask import APIFlask, HTTPError
+from flask import Blueprint, current_app
+from flask_limiter import Limiter, RateLimitExceeded
+from flask_limiter.util import get_remote_address
+from limits import parse_many
+from sqlalchemy import func, select
+
+from webapp.auth import current_user
+from webapp.db import CANCELLING, QUEUED, RUNNING, Dataset, Job, User
+from webapp.errors import abort_fields
+from webapp.extensions import db
+
+ACTIVE_STATUSES = (QUEUED, RUNNING, CANCELLING)
+SIGNIN_SCOPE = "failed-signin"
+EXTENSION = "aligner_limits"
+
+# config key: (environment variable, default, parser)
+SETTINGS: dict[str, tuple[str, Any, Callable[[str], Any]]] = {
+    "SIGNIN_FAILURE_LIMIT": ("ALIGNER_SIGNIN_LIMIT", "10 per minute", str),
+    "RATELIMIT_STORAGE_URI": ("ALIGNER_RATELIMIT_STORAGE_URI", "memory://", str),
+    "MAX_ACTIVE_JOBS_PER_USER": ("ALIGNER_MAX_ACTIVE_JOBS", 4, int),
+    "MAX_DATASET_BYTES_PER_USER": ("ALIGNER_MAX_DATASET_BYTES", 1024**3, int),
+    "MAX_EVENT_STREAMS_PER_USER": ("ALIGNER_MAX_EVENT_STREAMS", 4, int),
+}
+
+
+def config_defaults() -> dict[str, Any]:
+    """Each limit's config default: its environment variable when set, else the built-in value."""
+    out = {}
+    for key, (env, default, parse) in SETTINGS.items():
+        raw = os.environ.get(env)
+        try:
+            out[key] = default if raw is None else parse(raw)
+        except ValueError:
+            raise ValueError(f"{env}={raw!r} is not valid for {key}: expected something like {default!r}") from None
+    return out
+
+
+class StreamSlots:
+    """Open event streams per user, counted in this API process.
+
+    Rate limiters (Flask-Limiter and the `limits` library under it) count requests per time window, not requests
+    still in progress, hence this counter. It lives in the process: with several API processes (gunicorn -w N) a
+    user may hold up to N times MAX_EVENT_STREAMS_PER_USER streams in all.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: Counter[int] = Counter()
+
+    def acquire(self, user_id: int, limit: int) -> Callable[[], None] | None:
+        """A release function for a newly taken slot (safe to call more than once), or None when all are taken."""
+        with self._lock:
+            if self._open[user_id] >= limit:
+                return None
+            self._open[user_id] += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._lock:
+                if released:
+                    return
+                released = True
+                self._open[user_id] -= 1
+                if not self._open[user_id]:
+                    del self._open[user_id]
+
+        return release
+
+    def open_count(self, user_id: int) -> int:
+        with self._lock:
+            return self._open[user_id]
+
+
+def init_app(app: APIFlask, authenticated: Iterable[Blueprint]) -> None:
+    """Count failed sign-ins on the `authenticated` blueprints; set up the per-user limits."""
+    try:  # a typo fails at start, not on every request
+        parse_many(app.config["SIGNIN_FAILURE_LIMIT"])
+    except ValueError as err:
+        raise ValueError(f"SIGNIN_FAILURE_LIMIT (env ALIGNER_SIGNIN_LIMIT): {err}") from None
+    # A storage that goes away (Redis down): count in this process meanwhile rather than fail every request.
+    app.config.setdefault("RATELIMIT_IN_MEMORY_FALLBACK_ENABLED", True)
+    limiter = Limiter(get_remote_address, app=app)  # reads RATELIMIT_STORAGE_URI, RATELIMIT_ENABLED, ...
+    signin = limiter.shared_limit(
+        app.config["SIGNIN_FAILURE_LIMIT"],
+        scope=SIGNIN_SCOPE,
+        deduct_when=lambda response: response.status_code == 401,
+    )
+    for blueprint in authenticated:
+        signin(blueprint)
+    app.extensions[EXTENSION] = StreamSlots()
+
+    @app.errorhandler(RateLimitExceeded)
+    def _too_many_failed_signins(exc: RateLimitExceeded):
+        breached = limiter.current_limit
+        retry_after = max(1, math.ceil(breached.reset_at - time.time())) if breached else 1
+        item = exc.limit.limit
+        window = f"{item.multiples} {item.GRANULARITY.name}{'s' if item.multiples != 1 else ''}"
+        reason = f"{item.amount} requests without a valid token within {window}; retry after {retry_after} s"
+        error = HTTPError(
+            429,
+            "Too many failed sign-ins from this address",
+            headers={"Retry-After": str(retry_after)},
+            extra_data={"errors": {"Authorization": [reason]}},
+        )
+        return app.error_callback(error)
+
+
+def _lock_user(user_id: int) -> None:
+    """Hold the user's row until the commit, so one user's concurrent requests count one after the other.
+
+    FOR NO KEY UPDATE (not FOR UPDATE): rows that merely reference the user can still be inserted meanwhile.
+    SQLite has no row locks and ignores this; two requests in the same instant may then both pass.
+    """
+    db.session.execute(select(User.id).where(User.id == user_id).with_for_update(key_share=True))
+
+
+def check_active_jobs() -> None:
+    """429 when the current user already has MAX_ACTIVE_JOBS_PER_USER jobs queued, running or cancelling."""
+    limit = current_app.config["MAX_ACTIVE_JOBS_PER_USER"]
+    user_id = current_user().id
+    _lock_user(user_id)
+    active = db.session.scalar(
+        select(func.count()).select_from(Job).where(Job.user_id == user_id, Job.status.in_(ACTIVE_STATUSES))
+    )
+    if active >= limit:
+        abort_fields(
+            429,
+            f"You have {active} active jobs (queued, running or cancelling) and the limit is {limit} per user: "
+            "wait for one to finish, or cancel one",
+        )
+
+
+def check_dataset_bytes(upload_bytes: int) -> None:
+    """413 when the current user's stored datasets plus `upload_bytes` would pass MAX_DATASET_BYTES_PER_USER."""
+    limit = current_app.config["MAX_DATASET_BYTES_PER_USER"]
+    user_id = current_user().id
+    _lock_user(user_id)
+    data_dir = Path(current_app.config["DATA_DIR"])
+    stored = 0
+    for path in db.session.scalars(select(Dataset.path).where(Dataset.user_id == user_id)):
+        file = data_dir / path
+        stored += file.stat().st_size if file.is_file() else 0
+    if stored + upload_bytes > limit:
+        reason = (
+            f"{upload_bytes} bytes; with the {stored} bytes of your datasets that passes the limit of {limit} bytes "
+            "per user"
+        )
+        abort_fields(413, f"Dataset storage limit reached ({limit} bytes per user)", {"file": [reason]})
+
+
+def event_stream_slot() -> Callable[[], None]:
+    """Take one of the current user's MAX_EVENT_STREAMS_PER_USER stream slots (429 when none is free).
+
+    Call the returned function when the stream ends or its client goes away; calling it again does nothing. The
+    server learns that a client went away only when a write fails: on an idle stream, at a heartbeat.
+    """
+    limit = current_app.config["MAX_EVENT_STREAMS_PER_USER"]
+    user_id = current_user().id
+    release = current_app.extensions[EXTENSION].acquire(user_id, limit)
+    if release is None:
+        abort_fields(
+            429,
+            f"You have {limit} event streams open and the limit is {limit} per user: close one first",
+        )
+    return release
