@@ -37,10 +37,15 @@ from sqlalchemy.orm import Session
 from aligner.config import TrainConfig, config_from_dict
 from aligner.errors import AlignerError, ConfigError
 from aligner.rewards.builtins import BUILTIN_REWARDS, validate_builtin_params
+
 try:
     from aligner.servers.launch import check_critic_overrides
 except ImportError:  # TEMP until merge
-    def check_critic_overrides(items): return items
+
+    def check_critic_overrides(items):
+        return items
+
+
 from webapp.catalogue import find_dataset, find_model, find_server, reward_target
 from webapp.db import ALGORITHMS, CRITIC, POLICY, PPO, REWARD, TOKENIZER, CatalogueModel, Job, User
 
@@ -325,7 +330,8 @@ def validate_job_config(
         root = errors.pop("config", [])
         if algorithm == PPO and any("needs a critic" in reason for reason in root):
             root = [reason for reason in root if "needs a critic" not in reason]
-            errors.setdefault("config.critic", [NEEDS_CRITIC])
+            if "critic" not in failed_sections:
+                errors.setdefault("config.critic", [NEEDS_CRITIC])
         if root:
             errors["config"] = root
         return errors

@@ -43,8 +43,9 @@ def register_model(session: Session, path: str | Path, kind: str, name: str | No
 def add_dataset(
     session: Session, user: User, source: str | Path, data_dir: Path, shared: bool = False, name: str | None = None
 ) -> int:
-    """A copy of prompt file `source` as a dataset of `user` in DATA_DIR/datasets; its id."""
-    folder = Path(data_dir) / DATASETS_DIR / f"user_{user.id}"
+    """A copy of prompt file `source` as a dataset of `user` in DATA_DIR/datasets (user_ID/, or shared/ for a shared
+    one, out of the way of tests that look at what uploads left); its id."""
+    folder = Path(data_dir) / DATASETS_DIR / ("shared" if shared else f"user_{user.id}")
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{_name('ds', str(Path(source).resolve()))}.jsonl"
     if not target.exists():

@@ -27,8 +27,10 @@ def test_upload_stores_the_file_and_lists_it(client, token, other_token, data_di
     second = upload(client, token, b'{"prompt": "one"}\n', filename="one.jsonl").json
     assert second["name"] == "one.jsonl"
     listed = client.get("/api/v1/datasets", headers=bearer(token)).json
-    assert listed["total"] == 2 and [d["id"] for d in listed["items"]] == [second["id"], dataset["id"]]
-    assert client.get("/api/v1/datasets", headers=bearer(other_token)).json["total"] == 0
+    mine = [d["id"] for d in listed["items"] if d["mine"]]
+    assert mine == [second["id"], dataset["id"]] and all(d["shared"] for d in listed["items"] if not d["mine"])
+    others = client.get("/api/v1/datasets", headers=bearer(other_token)).json["items"]
+    assert not {dataset["id"], second["id"]} & {d["id"] for d in others}  # only the shared ones
 
 
 def test_a_bad_prompt_file_is_422_with_file_and_line(client, token, data_dir):
@@ -38,7 +40,7 @@ def test_a_bad_prompt_file_is_422_with_file_and_line(client, token, data_dir):
     reasons = response.json["errors"]["file"]
     assert reasons[0].startswith("mine.jsonl:2: invalid JSON")
     assert reasons[1] == 'mine.jsonl:3: needs exactly one of the fields "prompt" or "messages"'
-    assert not any(p.is_file() for p in (data_dir / "datasets").rglob("*"))  # nothing kept
+    assert not any(p.is_file() for p in (data_dir / "datasets").glob("user_*/**/*"))  # nothing kept
 
     assert upload(client, token, b"").json["errors"]["file"] == ["prompts.jsonl: prompt file has no prompts"]
     assert "not valid UTF-8" in upload(client, token, b"\xff\xfe").json["errors"]["file"][0]

@@ -107,8 +107,8 @@ def test_json_that_is_not_utf8_is_400(client, token, body, content_type):
     [
         ("name", "name", "lone surrogate \\ud800"),
         ("name", "name", "NUL"),
-        ("path", "config.model.policy_path", "lone surrogate \\ud800"),
-        ("path", "config.data.train_file", "NUL"),
+        ("path", "config.model.policy", "lone surrogate \\ud800"),
+        ("path", "config.data.train_dataset", "NUL"),
         ("key", "config.x\\ud800", "key must be valid Unicode"),
         ("list", "config.generation.stop.1", "NUL"),
     ],
@@ -118,8 +118,8 @@ def test_lone_surrogates_and_nul_in_json_strings_are_422_at_their_field(client, 
     text = json.dumps({"name": "job", "config": config})
     if where == "name":
         text = text.replace('"job"', f'"a{bad}b"')
-    elif where == "path" and field.endswith("policy_path"):
-        text = text.replace('"models/tiny-sft"', f'"models/{bad}"')
+    elif where == "path" and field.endswith("policy"):
+        text = text.replace('"tiny-sft"', f'"tiny-{bad}"')
     elif where == "path":
         text = text.replace('"train.jsonl"', f'"train{bad}.jsonl"')
     elif where == "key":
@@ -266,7 +266,7 @@ def test_a_file_part_whose_name_is_not_utf8_is_a_missing_file(client, token):
 def test_bad_file_contents_are_422_and_nothing_is_kept(client, token, data_dir, content, words):
     response = upload(client, token, content)
     assert_4xx(response, 422, "file", *words)
-    assert not any(p.is_file() for p in (data_dir / "datasets").rglob("*"))
+    assert not any(p.is_file() for p in (data_dir / "datasets").glob("user_*/**/*"))
 
 
 @both_backends

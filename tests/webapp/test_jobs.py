@@ -30,7 +30,7 @@ def test_create_job_resolves_config_sets_run_dir_and_enqueues(client, token, con
     assert job["status"] == "queued" and job["name"] == "first" and job["num_processes"] == 2
     assert job["run_dir"] == str(data_dir.resolve() / "runs" / f"job_{job['id']}")
     assert job["config"]["run_dir"] == job["run_dir"]
-    assert job["config"]["model"]["policy_path"] == str(data_dir.resolve() / "models" / "tiny-sft")
+    assert job["config"]["model"]["policy"] == "tiny-sft" and "policy_path" not in job["config"]["model"]
     assert job["config"]["optim"]["lr"] == 1e-6  # defaults filled in
     assert job["max_steps"] == 5 and job["step"] == 0 and job["cancel_requested"] is False
     assert job["created_at"].endswith("+00:00")
@@ -158,7 +158,7 @@ def test_a_job_may_use_an_uploaded_dataset(client, token, config):
         data={"file": (io.BytesIO(b'{"prompt": "hi"}\n'), "p.jsonl")},
         headers=bearer(token),
     )
-    path = upload.json["path"]
-    config["data"] = {"train_file": path, "val_file": path}
+    dataset = upload.json["id"]
+    config["data"] = {"train_dataset": dataset, "val_dataset": "p.jsonl"}  # by id, or by name
     job = create_job(client, token, config)
-    assert job["config"]["data"]["train_file"].endswith(path)
+    assert job["config"]["data"] == {**job["config"]["data"], "train_dataset": dataset, "val_dataset": dataset}

@@ -5,15 +5,21 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.api import bearer, both_backends, create_job
+from tests.helpers.catalogue import register_model
+from webapp.db import ServerEndpoint
 
 
 def ppo(config: dict, **critic) -> dict:
-    return {**config, "algorithm": "ppo", "critic": critic or {"model_path": "models/critic-rm"}}
+    return {**config, "algorithm": "ppo", "critic": critic or {"model": "critic-rm"}}
 
 
 @pytest.fixture
-def critic_dir(data_dir):
+def critic_dir(data_dir, db_session):
+    """The catalogue's critic `critic-rm` and critic server `critic-1`."""
     (data_dir / "models" / "critic-rm").mkdir(parents=True)
+    with db_session() as session:
+        register_model(session, data_dir / "models" / "critic-rm", "critic", "critic-rm")
+        session.add(ServerEndpoint(name="critic-1", kind="critic", url="http://127.0.0.1:5556"))
     return data_dir / "models" / "critic-rm"
 
 
@@ -21,13 +27,13 @@ def critic_dir(data_dir):
 def test_jobs_carry_their_algorithm_and_the_list_filters_by_it(client, token, other_token, config, critic_dir):
     reinforce = create_job(client, token, config, name="rloo")
     started = create_job(client, token, ppo(config), name="ppo-own-critic")
-    external = create_job(client, token, ppo(config, server_url="http://127.0.0.1:5556"), name="ppo-external")
+    external = create_job(client, token, ppo(config, server="critic-1"), name="ppo-external")
     create_job(client, other_token, ppo(config), name="bob's")  # never listed for alice
     assert (reinforce["algorithm"], reinforce["kind"]) == ("reinforce", "reinforce")
     assert (started["algorithm"], started["kind"]) == ("ppo", "ppo")
-    assert started["config"]["critic"]["model_path"] == str(critic_dir.resolve())
-    assert started["config"]["critic"]["server_url"] is None and started["config"]["ppo"]["ratio_eps"] == 0.2
-    assert external["config"]["critic"]["server_url"] == "http://127.0.0.1:5556"
+    assert started["config"]["critic"]["model"] == "critic-rm"
+    assert started["config"]["critic"]["server"] is None and started["config"]["ppo"]["ratio_eps"] == 0.2
+    assert external["config"]["critic"]["server"] == "critic-1" and "server_url" not in external["config"]["critic"]
     got = client.get(f"/api/v1/jobs/{started['id']}", headers=bearer(token)).json
     assert got["algorithm"] == "ppo"
 
@@ -50,20 +56,22 @@ def test_an_unknown_algorithm_is_422_naming_the_field(client, token, config):
 
 
 def test_ppo_without_a_critic_is_422(client, token, config, critic_dir):
-    for critic in (None, {}, {"server_url": None, "model_path": None}, {"use_critic_rewards": True}):
+    for critic in (None, {}, {"server": None, "model": None}, {"use_critic_rewards": True}):
         body = {**config, "algorithm": "ppo"} | ({"critic": critic} if critic is not None else {})
         response = client.post("/api/v1/jobs", json={"name": "x", "config": body}, headers=bearer(token))
         assert response.status_code == 422, critic
         errors = response.json["errors"]
-        assert "config.critic" in errors and "critic.server_url" in errors["config.critic"][0], errors
+        assert "config.critic" in errors and "critic.server" in errors["config.critic"][0], errors
         assert "config" not in errors  # said once, under the field
     missing = client.post(
         "/api/v1/jobs",
-        json={"name": "x", "config": ppo(config, model_path="models/nope")},
+        json={"name": "x", "config": ppo(config, model="nope")},
         headers=bearer(token),
     )
     assert missing.status_code == 422
-    assert missing.json["errors"] == {"config.critic.model_path": ["folder not found: models/nope"]}
+    assert missing.json["errors"] == {
+        "config.critic.model": ["model 'nope' not found in the catalogue (GET /api/v1/catalogue/models)"]
+    }
     unknown = client.post(
         "/api/v1/jobs",
         json={"name": "x", "config": {**ppo(config), "ppo": {"ratio_eps": -1, "clip": 1}}},
@@ -75,7 +83,7 @@ def test_ppo_without_a_critic_is_422(client, token, config, critic_dir):
 
 def test_a_ppo_job_may_take_its_rewards_from_the_critic(client, token, config, critic_dir):
     body = {k: v for k, v in config.items() if k != "reward"}
-    job = create_job(client, token, ppo(body, model_path="models/critic-rm", use_critic_rewards=True))
+    job = create_job(client, token, ppo(body, model="critic-rm", use_critic_rewards=True))
     assert job["algorithm"] == "ppo" and job["config"]["reward"] is None
     response = client.post("/api/v1/jobs", json={"name": "x", "config": body}, headers=bearer(token))
     assert response.status_code == 422  # REINFORCE needs its reward source

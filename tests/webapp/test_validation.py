@@ -88,13 +88,15 @@ def test_a_10_mb_body_is_413(client, token):
     assert response.status_code == 413 and "limit" in response.json["errors"]["body"][0]
 
 
-def test_missing_prompt_files_and_model_folders_are_422(client, token, config):
-    config["data"]["val_file"] = "nope.jsonl"
-    config["model"]["tokenizer_path"] = "/definitely/not/here"
+def test_entries_missing_from_the_catalogue_are_422_naming_the_field(client, token, config):
+    config["data"]["val_dataset"] = "nope.jsonl"
+    config["model"]["tokenizer"] = "not-here"
     errors = post_job(client, token, {"name": "x", "config": config}).json["errors"]
     assert errors == {
-        "config.data.val_file": ["file not found: nope.jsonl"],
-        "config.model.tokenizer_path": ["folder not found: /definitely/not/here"],
+        "config.data.val_dataset": [
+            "dataset 'nope.jsonl' not found: give the id (or name) of one of your datasets (GET /api/v1/datasets)"
+        ],
+        "config.model.tokenizer": ["model 'not-here' not found in the catalogue (GET /api/v1/catalogue/models)"],
     }
 
 
