@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -24,4 +25,12 @@ def paced_letter_reward(prompts, responses):
     """`letter_reward`, taking at least 0.1 s a call: steps of a known minimum length, so that a test can act
     between two steps (tiny steps otherwise take a few milliseconds)."""
     time.sleep(0.1)
+    return letter_reward(prompts, responses)
+
+
+def confined_letter_reward(prompts, responses):
+    """`letter_reward`, failing the run when the trainer can see the worker's credentials (it must not)."""
+    leaked = [name for name in ("ALIGNER_DATABASE_URL", "ALIGNER_BROKER_URL") if name in os.environ]
+    if leaked:
+        raise RuntimeError(f"the trainer sees the worker's {', '.join(leaked)}")
     return letter_reward(prompts, responses)
