@@ -34,6 +34,7 @@ import threading
 from celery import Celery, signals
 
 from webapp.queues import BROKER_URL, QUEUE, send_run_job
+from worker.processes import hide_from_children
 from worker.recovery import requeue_stale_jobs
 from worker.settings import Settings
 
@@ -86,6 +87,14 @@ def _sweep_once() -> None:
 def _sweeper(interval: float) -> None:
     while not _sweeper_stop.wait(interval):
         _sweep_once()
+
+
+@signals.worker_init.connect
+@signals.worker_process_init.connect
+def _hide_from_trainers(**_kwargs) -> None:
+    """The worker's processes (the main one, before its pool forks, and each pool process) are unreadable to the
+    trainers they start (worker/processes.py `hide_from_children`)."""
+    hide_from_children()
 
 
 @signals.worker_ready.connect

@@ -3,6 +3,9 @@
 `aligner serve-critic` (aligner/servers/launch.py `launch_critic_server`) from `critic.model_path` with
 `critic.server_overrides`, restoring the critic of the checkpoint the trainer resumes from
 (`checkpoints/step_N/critic`), output in RUN_DIR/critic_server.log, its process group id in RUN_DIR/critic.pid.
+It is confined as the trainer is: the overrides must be SAFE_CRITIC_OVERRIDES (`check_critic_overrides`, else the job
+fails at launch), it listens on 127.0.0.1 only, writes (critic_save) only inside RUN_DIR, and gets the minimal
+environment (`aligner.processes.minimal_env`), none of the worker's credentials.
 It is stopped with its whole process group: SIGTERM, SIGKILL after `Settings.critic_stop_grace`. worker/runner.py
 decides when (it starts before the trainer and goes before the job's final status is written, or on any other way
 out of the run); worker/processes.py kills one that a SIGKILLed worker left.
@@ -18,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aligner.processes import minimal_env
 from aligner.run_layout import CRITIC_LOG, critic_checkpoint
-from aligner.servers.launch import launch_critic_server, stop_server
+from aligner.servers.launch import check_critic_overrides, launch_critic_server, stop_server
 from webapp.db import PPO, REINFORCE
 from worker.processes import wait_group_gone
 from worker.run_files import CRITIC_PID_FILE
@@ -36,7 +40,8 @@ class CriticPlan:
 
 def critic_plan(config: dict[str, Any], run_dir: Path, resume_step: int | None) -> CriticPlan | None:
     """The critic server the job of resolved `config` needs from its worker; None for a job that needs none (not
-    PPO, or its own `critic.server_url`). A ValueError names what is missing."""
+    PPO, or its own `critic.server_url`). A ValueError names what is missing or refused (an override a job may not
+    set)."""
     section = config.get("critic") or {}
     if config.get("algorithm", REINFORCE) != PPO or section.get("server_url"):
         return None
@@ -44,7 +49,7 @@ def critic_plan(config: dict[str, Any], run_dir: Path, resume_step: int | None) 
         raise ValueError("critic.model_path: a PPO job without critic.server_url needs the critic's model")
     return CriticPlan(
         model_path=str(section["model_path"]),
-        overrides=[str(item) for item in section.get("server_overrides") or []],
+        overrides=check_critic_overrides([str(item) for item in section.get("server_overrides") or []]),
         checkpoint=critic_checkpoint(run_dir, resume_step) if resume_step is not None else None,
     )
 
@@ -64,6 +69,8 @@ class CriticServer:
             checkpoint=plan.checkpoint,
             overrides=plan.overrides,
             timeout_s=timeout_s,
+            env=minimal_env(),
+            save_root=run_dir,
         )
         info = {"host": socket.gethostname(), "pgid": proc.pid, "url": url, "worker": owner}
         (run_dir / CRITIC_PID_FILE).write_text(json.dumps(info))

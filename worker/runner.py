@@ -12,7 +12,8 @@
    SQL rows and JSONL lines of later steps are dropped first, exactly as the trainer drops them, so nothing is ever
    counted twice.
 3. Launch `python -m aligner.cli train --config RUN_DIR/job.yaml [--resume]` in its own process group (session),
-   output appended to RUN_DIR/train.log. On Linux it gets SIGKILL if the worker process dies (PR_SET_PDEATHSIG).
+   output appended to RUN_DIR/train.log. On Linux it gets SIGKILL if the worker process dies (PR_SET_PDEATHSIG). Its
+   environment is `aligner.processes.minimal_env()`: what a trainer needs, never the worker's database or broker URL.
 4. Follow, every `poll_interval` (0.5 s): renew the heartbeat (only while this worker still owns the lease),
    ingest metrics, samples and checkpoints (worker/ingest.py), and honour a cancel: SIGTERM to the trainer's
    group (it stops at the next step boundary with a checkpoint), SIGKILL after `cancel_grace` seconds.
@@ -41,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -56,7 +56,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from aligner.errors import ServerStartError
-from aligner.processes import die_with_parent, signal_group
+from aligner.processes import die_with_parent, minimal_env, signal_group
 from aligner.run_layout import CRITIC_LOG, FINAL_POLICY_DIR, METRICS_FILE, SAMPLES_FILE, checkpoint_steps
 from aligner.trainers.run_log import truncate_after
 from webapp.db import (
@@ -241,13 +241,12 @@ class JobRun:
                 out.write(f"\n=== {utcnow().isoformat()} worker {self.owner}: {' '.join(launch.command)}\n".encode())
                 out.flush()
                 log_start = out.tell()
-                env = {**os.environ, "PYTHONUNBUFFERED": "1"}
                 self.proc = subprocess.Popen(
                     launch.command,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    env=env,
+                    env=minimal_env({"PYTHONUNBUFFERED": "1"}),  # none of the worker's credentials
                     start_new_session=True,  # its own process group: signals reach the trainer and its children
                     preexec_fn=die_with_parent,
                 )

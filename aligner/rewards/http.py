@@ -8,11 +8,17 @@ NeMo-Aligner-compatible reward server understands. Scoring is asynchronous (`sub
 trainer computes log-probs meanwhile), requests larger than the server's `max_batch_size` are split (Triton
 rejects them otherwise) and sent concurrently, each with a timeout and bounded retries with exponential backoff.
 An unreachable server is a `RewardError` naming the URL.
+
+Nothing a server sends reaches an error message (nor, through it, train.log and a job's error): a job may point its
+client at any URL, and the start of another service's answer could be a secret. Errors say the HTTP status (with
+its standard phrase, not the server's), or the kind of connection failure; a server's own log says why it refused.
 """
 
 from __future__ import annotations
 
 import time
+from http import HTTPStatus
+from typing import Any
 
 import requests
 
@@ -47,7 +53,9 @@ def request_json(
     A 5xx whose error holds BAD_REQUEST is the caller's fault too: Triton answers 500 to any error raised by a model's
     Python function, so the servers mark the bad requests they detect. A request that is not `idempotent` (a training
     step) is retried only when it cannot have reached the server, or on 429/503. Failures raise `error`, naming the
-    `server` and its URL, and the `command` that should be running there when it cannot be reached.
+    `server` and its URL, the status or the kind of failure (nothing of what the server sent), and the `command` that
+    should be running there when it cannot be reached. A redirect (3xx) is refused, as is an answer that is not a
+    JSON object.
     """
     url = f"{base_url}{path}"
     last = None
@@ -55,26 +63,65 @@ def request_json(
         if attempt:
             time.sleep(backoff_s * 2 ** (attempt - 1))
         try:
-            response = session.request(method, url, json=payload, timeout=timeout_s)
+            # No redirects: a Triton server sends none, and a redirect would send the request on to another address.
+            response = session.request(method, url, json=payload, timeout=timeout_s, allow_redirects=False)
         except requests.RequestException as err:
-            last = f"{type(err).__name__}: {err}"
+            last = _failure(err)
             if not idempotent and not _never_sent(err):
                 raise error(
                     f"{server} {base_url}: {method} {path} failed ({last}); not retried: it may have been applied"
                 ) from None
             continue
-        if response.status_code < 400:
-            return response.json()
-        text = _error_text(response)
-        if response.status_code not in RETRY_STATUS or BAD_REQUEST in text:
-            raise error(f"{server} {base_url} refused the request: {text}")
-        last = f"HTTP {response.status_code}: {text}"
+        if response.status_code < 300:
+            return _json_object(response, f"{server} {base_url}", f"{method} {path}", error)
+        status = _status(response.status_code)
+        bad_request = BAD_REQUEST in _error_text(response)  # decides the retry; never shown
+        if response.status_code not in RETRY_STATUS or bad_request:
+            why = "; the server blames the request" if bad_request else ""
+            raise error(f"{server} {base_url} refused the request ({method} {path}: {status}{why}; its log says why)")
+        last = status
         if not idempotent and response.status_code not in (429, 503):
             raise error(f"{server} {base_url}: {method} {path} failed ({last}); not retried: it may have been applied")
     raise error(
         f"{server} {base_url} cannot be reached ({method} {path} failed {max_retries + 1} times; "
         f"last error: {last}). Is `{command}` running there?"
     )
+
+
+def _status(code: int) -> str:
+    """`HTTP 500 Internal Server Error`: the standard phrase, not the reason the server sent with the code."""
+    try:
+        return f"HTTP {code} {HTTPStatus(code).phrase}"
+    except ValueError:
+        return f"HTTP {code}"
+
+
+def _failure(err: requests.RequestException) -> str:
+    """A failed request in words that hold nothing the server sent: when it cannot have reached the server, the
+    error itself (the address and the system's reason); else only the kinds of error (a malformed status line or
+    chunk would otherwise be quoted)."""
+    if _never_sent(err):
+        return f"{type(err).__name__}: {err}"
+    reason = getattr(err.args[0], "reason", None) if err.args else None
+    return type(err).__name__ + (f" ({type(reason).__name__})" if isinstance(reason, BaseException) else "")
+
+
+def _json_object(response: requests.Response, who: str, what: str, error: type[RewardError]) -> dict[str, Any]:
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise error(f"{who} answered {what} with something other than a JSON object")
+    return answer
+
+
+def int_field(answer: dict[str, Any], name: str, who: str, error: type[RewardError] = RewardError) -> int:
+    """`answer[name]` (0 when absent): an int, or `error` that does not quote what the server sent instead."""
+    value = answer.get(name) or 0
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise error(f"{who} answered a {name} that is not an integer")
+    return value
 
 
 def _never_sent(err: requests.RequestException) -> bool:
@@ -87,11 +134,18 @@ def _never_sent(err: requests.RequestException) -> bool:
     return isinstance(err, requests.ConnectionError) and isinstance(reason, NewConnectionError)
 
 
+def outputs_by_name(answer: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A KServe v2 answer's outputs by name; malformed entries are left out (the caller says what is missing)."""
+    outputs = answer.get("outputs")
+    if not isinstance(outputs, list):
+        return {}
+    return {o["name"]: o for o in outputs if isinstance(o, dict) and isinstance(o.get("name"), str)}
+
+
 def _error_text(response: requests.Response) -> str:
+    """The error a server sent, to look for BAD_REQUEST in (never to show)."""
     try:
-        text = str(response.json().get("error", response.text))
+        body = response.json()
     except ValueError:
-        return response.text.strip()[:500]
-    if BAD_REQUEST in text:  # the reason, not the whole server-side traceback around it
-        return text[text.index(BAD_REQUEST) :].split("\n", 1)[0]
-    return text
+        return response.text
+    return str(body.get("error", "")) if isinstance(body, dict) else ""

@@ -26,9 +26,10 @@ def check_rewards(values: Sequence[float], expected: int, source: str) -> torch.
         raise RewardError(f"{source} returned {len(values)} rewards for {expected} samples")
     bad = [i for i, v in enumerate(values) if not isinstance(v, int | float) or not math.isfinite(v)]
     if bad:
-        raise RewardError(
-            f"{source} returned a non-finite or non-numeric reward for sample {bad[0]}: {values[bad[0]]!r}"
-        )
+        value = values[bad[0]]
+        # Only a number is shown: another value may come from a remote server, and nothing it sends is shown.
+        shown = repr(value) if isinstance(value, int | float) else f"a {type(value).__name__}"
+        raise RewardError(f"{source} returned a non-finite or non-numeric reward for sample {bad[0]}: {shown}")
     return torch.tensor(values, dtype=torch.float32)
 
 

@@ -12,7 +12,7 @@ import requests
 import torch
 
 from aligner.errors import RewardError
-from aligner.rewards.http import normalize_url, request_json
+from aligner.rewards.http import int_field, normalize_url, outputs_by_name, request_json
 from aligner.rewards.interface import check_rewards
 
 
@@ -44,7 +44,7 @@ class RemoteRewardClient:
 
     def _model_max_batch_size(self) -> int:
         config = self._request("GET", f"/v2/models/{self.model_name}/config")
-        return int(config.get("max_batch_size") or 0)  # 0: the model takes no batch dimension limit
+        return int_field(config, "max_batch_size", f"reward server {self.url}")  # 0: no batch dimension limit
 
     # --------------------------------------------------------------------------------------------- scoring
     def _infer(self, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]) -> list[float]:
@@ -58,12 +58,12 @@ class RemoteRewardClient:
                 bytes_input("metadata", [json.dumps(m or {}) for m in metadata]),
             ]
         out = self._request("POST", f"/v2/models/{self.model_name}/infer", {"inputs": inputs})
-        rewards = next((o for o in out.get("outputs", []) if o.get("name") == "rewards"), None)
-        if rewards is None:
-            raise RewardError(f"reward server {self.url} answered without a 'rewards' output: {out}")
-        if len(rewards["data"]) != n:
-            raise RewardError(f"reward server {self.url} returned {len(rewards['data'])} rewards for {n} samples")
-        return rewards["data"]
+        data = outputs_by_name(out).get("rewards", {}).get("data")
+        if not isinstance(data, list):
+            raise RewardError(f"reward server {self.url} answered without a 'rewards' output")
+        if len(data) != n:
+            raise RewardError(f"reward server {self.url} returned {len(data)} rewards for {n} samples")
+        return data
 
     def score(self, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]] | None = None):
         """Rewards [B] (float32), in chunks of the server's max batch size sent concurrently."""

@@ -18,7 +18,8 @@ Triton models, as NeMo-Aligner's critic server (HTTP/gRPC KServe v2; the client 
   `micro_batch_size` rows with gradient accumulation. Never batched with other requests; steps run one at a time.
 - `critic_save`: `path` BYTES [1, 1], absolute (a folder gets `critic.pt` inside) -> `path` of the file written,
   holding the critic's weights, optimiser state and step count; `--checkpoint PATH` starts from such a file, so a
-  resumed PPO run continues exactly.
+  resumed PPO run continues exactly. With `save_root` set (the worker sets its job's run folder) a path that does
+  not lie inside it, once `..` and symlinks are resolved, is a bad request, and so is a checkpoint outside it.
 
 The critic runs without dropout in training too: the values trained are those served as `prev_values`. Triton
 rejects a request with a missing input, a wrong shape or type, or mismatched batch sizes with HTTP 400; errors found
@@ -76,9 +77,23 @@ class CriticServerConfig(TritonEndpointConfig):
     dynamic_batching: bool = Field(True, description="Let Triton merge concurrent critic_infer requests.")
     device: str = Field("auto", description="'auto' (CUDA when available), 'cpu', 'cuda', ...")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads.")
+    save_root: str | None = Field(
+        None,
+        description="The folder critic_save writes in (and the checkpoint comes from), '..' and symlinks resolved; "
+        "None: anywhere this process may write.",
+    )
 
 
-SERVER_PATH_FIELDS = (("model_path",), ("checkpoint",))
+SERVER_PATH_FIELDS = (("model_path",), ("checkpoint",), ("save_root",))
+
+
+def confined_path(path: str | Path, root: str | Path | None) -> Path | None:
+    """`path` with '..' and symlinks resolved when it lies inside `root` (resolved too), else None; `path` as it is
+    when there is no `root`. Whoever can reach a server with a root must not make it write, or read, elsewhere."""
+    if root is None:
+        return Path(path)
+    resolved = Path(path).resolve()
+    return resolved if resolved.is_relative_to(Path(root).resolve()) else None
 
 
 class TokenValueModel(torch.nn.Module):
@@ -240,6 +255,10 @@ class Critic:
             raise BadRequest(f"path must be absolute (it is written on the server); got {path!r}")
         if target.is_dir() or path.endswith(("/", os.sep)):
             target = target / CHECKPOINT_FILE
+        confined = confined_path(target, self.config.save_root)
+        if confined is None:
+            raise BadRequest(f"{path} lies outside {self.config.save_root}, the only folder this server writes in")
+        target = confined
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -269,6 +288,10 @@ class Critic:
         source = Path(path)
         if source.is_dir():
             source = source / CHECKPOINT_FILE
+        confined = confined_path(source, self.config.save_root)
+        if confined is None:
+            raise AlignerError(f"critic checkpoint {source} lies outside save_root {self.config.save_root}")
+        source = confined
         if not source.is_file():
             raise AlignerError(f"critic checkpoint {source} does not exist")
         try:

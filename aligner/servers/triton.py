@@ -25,6 +25,7 @@ from pydantic import Field
 
 from aligner.config import Section
 from aligner.errors import AlignerError
+from aligner.processes import LOOPBACK
 from aligner.rewards.http import BAD_REQUEST
 
 WORKSPACE_PREFIX = "aligner-triton-"
@@ -34,7 +35,8 @@ class BadRequest(AlignerError, ValueError):
     """A request the server cannot serve; the message says why.
 
     PyTriton answers every exception of a model's function with HTTP 500; the message's `BAD_REQUEST` prefix tells
-    the clients (`aligner.rewards.http.request_json`) it is the caller's fault: shown as is, never retried.
+    the clients (`aligner.rewards.http.request_json`) it is the caller's fault: never retried. The clients do not
+    show the message (they show nothing a server sends): the server's log has it.
     """
 
     def __init__(self, reason: str):
@@ -44,7 +46,7 @@ class BadRequest(AlignerError, ValueError):
 class TritonEndpointConfig(Section):
     """Where a PyTriton server listens and how long it waits to batch: what `run_triton` reads (reward and critic)."""
 
-    host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0 for every interface).")
+    host: str = Field(LOOPBACK, description="Address to listen on (0.0.0.0 for every interface).")
     http_port: int = Field(8000, ge=1, le=65535)
     grpc_port: int | None = Field(None, ge=1, le=65535, description="Default: http_port + 1.")
     metrics_port: int | None = Field(None, ge=1, le=65535, description="Prometheus metrics; default: http_port + 2.")

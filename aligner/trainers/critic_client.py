@@ -27,7 +27,7 @@ import requests
 import torch
 
 from aligner.errors import CriticError
-from aligner.rewards.http import normalize_url, request_json
+from aligner.rewards.http import int_field, normalize_url, outputs_by_name, request_json
 
 
 def _array(value, dtype) -> np.ndarray:
@@ -68,11 +68,15 @@ class RemoteCriticClient:
         # Two pools: a submitted inference waits on its chunks, which must never queue behind other inferences.
         self.pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="critic-client")
         self.chunk_pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="critic-chunks")
+        who = f"critic server {self.url}"
         infer_config = self._request("GET", "/v2/models/critic_infer/config")
-        self.max_batch_size = int(infer_config.get("max_batch_size") or 0)
-        self.serves_rewards = any(o.get("name") == "rewards" for o in infer_config.get("output", []))
+        self.max_batch_size = int_field(infer_config, "max_batch_size", who, CriticError)
+        outputs = infer_config.get("output")
+        self.serves_rewards = isinstance(outputs, list) and any(
+            isinstance(o, dict) and o.get("name") == "rewards" for o in outputs
+        )
         train_config = self._request("GET", "/v2/models/critic_train/config")
-        self.train_max_batch_size = int(train_config.get("max_batch_size") or 0)
+        self.train_max_batch_size = int_field(train_config, "max_batch_size", who, CriticError)
 
     def _request(
         self, method: str, path: str, payload: dict | None = None, timeout_s: float | None = None, idempotent=True
@@ -93,12 +97,15 @@ class RemoteCriticClient:
         )
 
     def _outputs(self, answer: dict, names: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
-        found = {o.get("name"): o for o in answer.get("outputs", [])}
+        found = outputs_by_name(answer)
         out = {}
         for name, shape in names.items():
             if name not in found:
                 raise CriticError(f"critic server {self.url} answered without a {name!r} output")
-            values = np.asarray(found[name].get("data", []), dtype=np.float32)
+            try:
+                values = np.asarray(found[name].get("data", []), dtype=np.float32)
+            except (TypeError, ValueError):  # their messages quote the data
+                raise CriticError(f"critic server {self.url} returned non-numeric {name}") from None
             if values.size != int(np.prod(shape)):
                 raise CriticError(f"critic server {self.url} returned {values.size} {name} for shape {list(shape)}")
             if not np.isfinite(values).all():
@@ -185,10 +192,10 @@ class RemoteCriticClient:
         target = os.path.abspath(path) + (os.sep if str(path).endswith(("/", os.sep)) else "")
         payload = {"inputs": [{"name": "path", "shape": [1, 1], "datatype": "BYTES", "data": [target]}]}
         answer = self._request("POST", "/v2/models/critic_save/infer", payload, self.train_timeout_s)
-        written = next((o for o in answer.get("outputs", []) if o.get("name") == "path"), None)
-        if written is None or len(written.get("data", [])) != 1:
-            raise CriticError(f"critic server {self.url} answered critic_save without the path written: {answer}")
-        return Path(written["data"][0])
+        written = outputs_by_name(answer).get("path", {}).get("data")
+        if not isinstance(written, list) or len(written) != 1 or not isinstance(written[0], str):
+            raise CriticError(f"critic server {self.url} answered critic_save without the path written")
+        return Path(written[0])
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -141,7 +141,11 @@ class PPOTrainer(ReinforceTrainer):
 
         cfg = self.config.critic
         proc, url = launch_critic_server(
-            cfg.model_path, self.run_dir / CRITIC_LOG, checkpoint=checkpoint, overrides=cfg.server_overrides
+            cfg.model_path,
+            self.run_dir / CRITIC_LOG,
+            checkpoint=checkpoint,
+            overrides=cfg.server_overrides,
+            save_root=self.run_dir.resolve(),  # this run's server writes this run's checkpoints only
         )
         self.critic_process = proc
         atexit.register(self.close)  # a run that dies without fit's cleanup must not leave the server behind

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -30,3 +31,11 @@ def paced_letter_reward(prompts, responses):
 def scaled_letter_reward(prompts, responses, *, scale):
     """`letter_reward` times `scale`, a keyword given in `reward.function_args`."""
     return [scale * r for r in letter_reward(prompts, responses)]
+
+
+def confined_letter_reward(prompts, responses):
+    """`letter_reward`, failing the run when the trainer can see the worker's credentials (it must not)."""
+    leaked = [name for name in ("ALIGNER_DATABASE_URL", "ALIGNER_BROKER_URL") if name in os.environ]
+    if leaked:
+        raise RuntimeError(f"the trainer sees the worker's {', '.join(leaked)}")
+    return letter_reward(prompts, responses)

@@ -3,8 +3,9 @@ model), its URL handed to the trainer in job.yaml, and stopped however the job e
 worker stopping mid-job; a server left by a lost worker is killed; a server that does not start fails the job.
 
 The trainer is a stand-in (Settings.python, the interpreter the worker runs `-m aligner.cli train` with, is a script
-here): it checks that the critic URL answers /v2/health/ready, writes PPO metrics and ends as the test asks
-(FAKE_TRAINER=succeed | fail | wait-for-cancel | hold: succeed once RUN_DIR/hold is gone).
+here): it checks that the critic URL answers /v2/health/ready, writes PPO metrics and ends as the test asks in the
+file fake-trainer-mode beside it (succeed | fail | wait-for-cancel | hold: succeed once RUN_DIR/hold is gone), not in
+an environment variable: the worker passes its trainers the minimal environment only.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ FAKE_TRAINER = textwrap.dedent(
     critic = json.loads((run_dir / "critic.pid").read_text())
     report = {{"url": url, "ready": ready, "pgid": critic["pgid"], "resume": "--resume" in args, "args": args}}
     (run_dir / "fake_trainer.json").write_text(json.dumps(report))
-    mode = os.environ.get("FAKE_TRAINER", "succeed")
+    mode_file = pathlib.Path(sys.argv[0]).with_name("fake-trainer-mode")
+    mode = mode_file.read_text() if mode_file.exists() else "succeed"
     first = 3 if "--resume" in args else 1
 
     def step(n):
@@ -94,6 +96,10 @@ def fake_trainer(tmp_path) -> Path:
     path.write_text(FAKE_TRAINER.format(python=sys.executable))
     path.chmod(0o755)
     return path
+
+
+def set_mode(fake_trainer: Path, mode: str) -> None:
+    fake_trainer.with_name("fake-trainer-mode").write_text(mode)
 
 
 @pytest.fixture
@@ -148,7 +154,9 @@ def test_a_ppo_job_gets_a_critic_server_that_stops_when_it_succeeds(factory, tmp
     started_at = [m for m in log if m.startswith("critic server started at ")]
     assert started_at == [f"critic server started at {seen['url']} (log: {run_dir / CRITIC_LOG})"]
     assert any(m.startswith(f"critic server at {seen['url']} stopped") for m in log)
-    assert "Started HTTPService" in (run_dir / CRITIC_LOG).read_text()
+    server_log = (run_dir / CRITIC_LOG).read_text()
+    assert "Started HTTPService" in server_log
+    assert "critic server ready in" in server_log and f"s: {seen['url']} (" in server_log  # 127.0.0.1 only
     with session_scope(factory) as session:
         names = set(session.scalars(select(Metric.name).where(Metric.job_id == job_id, Metric.step == 4)))
         # the stop is recorded before the final status, so a client following the events sees it
@@ -160,8 +168,8 @@ def test_a_ppo_job_gets_a_critic_server_that_stops_when_it_succeeds(factory, tmp
 
 
 @pytest.mark.slow
-def test_the_critic_server_stops_when_the_trainer_fails(factory, tmp_path, fake_trainer, ppo_config, monkeypatch):
-    monkeypatch.setenv("FAKE_TRAINER", "fail")
+def test_the_critic_server_stops_when_the_trainer_fails(factory, tmp_path, fake_trainer, ppo_config):
+    set_mode(fake_trainer, "fail")
     run_dir = tmp_path / "run"
     job_id = create_job(factory, ppo_config(), run_dir)
     result = run_job(job_id, settings(tmp_path, fake_trainer), factory)
@@ -173,8 +181,8 @@ def test_the_critic_server_stops_when_the_trainer_fails(factory, tmp_path, fake_
 
 
 @pytest.mark.slow
-def test_the_critic_server_stops_when_the_job_is_cancelled(factory, tmp_path, fake_trainer, ppo_config, monkeypatch):
-    monkeypatch.setenv("FAKE_TRAINER", "wait-for-cancel")
+def test_the_critic_server_stops_when_the_job_is_cancelled(factory, tmp_path, fake_trainer, ppo_config):
+    set_mode(fake_trainer, "wait-for-cancel")
     run_dir = tmp_path / "run"
     job_id = create_job(factory, ppo_config(), run_dir)
 
@@ -197,7 +205,7 @@ def test_a_stopped_worker_stops_the_critic_server(factory, tmp_path, fake_traine
     """SystemExit / Ctrl-C in the worker mid-job: neither the trainer nor the critic server is left."""
     import worker.runner as runner
 
-    monkeypatch.setenv("FAKE_TRAINER", "wait-for-cancel")
+    set_mode(fake_trainer, "wait-for-cancel")
     run_dir = tmp_path / "run"
     job_id = create_job(factory, ppo_config(), run_dir)
     real_sleep = runner.time.sleep
@@ -373,7 +381,8 @@ def test_a_sigkilled_celery_worker_leaves_a_critic_that_the_next_worker_kills(
     """Through the service: SIGKILL the Celery worker mid-job. Its trainer dies with it (PDEATHSIG) but its critic
     server stays; a new worker's sweep re-queues the job, the new run kills that server, starts its own, succeeds."""
     schema = PgSchema()
-    env = {"ALIGNER_TRAINER_PYTHON": str(fake_trainer), "FAKE_TRAINER": "hold", "ALIGNER_CRITIC_STOP_GRACE": "2"}
+    set_mode(fake_trainer, "hold")
+    env = {"ALIGNER_TRAINER_PYTHON": str(fake_trainer), "ALIGNER_CRITIC_STOP_GRACE": "2"}
     service = Service(schema, redis_url, tmp_path, **env)
     stale_pgid = None
     try:

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
+from aligner.run_layout import CRITIC_LOG
 from tests.helpers.service import create_job
 from webapp.db import Event, Job, Metric, Sample, session_scope, utcnow
 from worker.lease import take_lease
@@ -209,3 +210,33 @@ def test_a_stopped_worker_kills_its_trainer_and_releases_the_lease(factory, tmp_
     sent = []
     assert requeue_stale_jobs(settings(tmp_path), factory, send=sent.append) == [(job_id, "queued")]
     assert sent == [job_id]
+
+
+def test_the_trainer_gets_none_of_the_workers_credentials(tmp_path, job_config, monkeypatch):
+    """The worker's database and broker URLs (with their passwords) stay in the worker: the trainer's reward
+    function fails the run if it can see either of them."""
+    from webapp.db import Base, make_engine, make_session_factory
+
+    monkeypatch.setenv("ALIGNER_DATABASE_URL", "postgresql://aligner:db-secret@127.0.0.1:5432/aligner")
+    monkeypatch.setenv("ALIGNER_BROKER_URL", "redis://:broker-secret@127.0.0.1:6379/0")
+    engine = make_engine(f"sqlite:///{tmp_path / 'aligner.db'}")
+    Base.metadata.create_all(engine)
+    factory = make_session_factory(engine)
+    config = job_config(max_steps=1, save_interval=1, val_check_interval=1)
+    config["reward"] = {"function": "tests.helpers.rewards:confined_letter_reward"}
+    job_id = create_job(factory, config, tmp_path / "run")
+    result = run_job(job_id, settings(tmp_path), factory)
+    assert result["outcome"] == "succeeded", result
+    engine.dispose()
+
+
+def test_a_critic_override_a_job_may_not_set_fails_it_at_launch(factory, tmp_path, job_config):
+    """A job row holding `host=0.0.0.0` (the API refuses it; the worker checks again) starts no critic server."""
+    config = job_config(max_steps=1)
+    config["algorithm"] = "ppo"
+    config["critic"] = {"model_path": str(tmp_path / "critic_rm"), "server_overrides": ["lr=1e-3", "host=0.0.0.0"]}
+    job_id = create_job(factory, config, tmp_path / "run")
+    assert run_job(job_id, settings(tmp_path), factory)["outcome"] == "failed"
+    error = job_row(factory, job_id).error
+    assert error.startswith("cannot start the job: critic.server_overrides: 'host' cannot be set by a job; allowed: ")
+    assert not (tmp_path / "run" / CRITIC_LOG).exists()

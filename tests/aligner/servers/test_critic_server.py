@@ -5,6 +5,7 @@ Run: .venv/bin/python -m pytest tests/aligner/servers/test_critic_server.py -q
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import tempfile
@@ -21,7 +22,14 @@ pytest.importorskip("pytriton")
 from aligner.cli import main  # noqa: E402
 from aligner.errors import AlignerError, CriticError
 from aligner.processes import free_port  # noqa: E402
-from aligner.servers.critic_server import CHECKPOINT_FILE, BadRequest, Critic, CriticServerConfig, TokenValueModel
+from aligner.servers.critic_server import (
+    CHECKPOINT_FILE,
+    BadRequest,
+    Critic,
+    CriticServerConfig,
+    TokenValueModel,
+    confined_path,
+)
 from aligner.servers.reward_server import RewardScorer, RewardServerConfig  # noqa: E402
 from aligner.trainers.critic_client import RemoteCriticClient  # noqa: E402
 from tests.helpers.triton_servers import ServerProcess  # noqa: E402
@@ -145,6 +153,36 @@ def test_save_and_load_resume_exactly(reward_model_dir, tmp_path):
         Critic(critic_config(reward_model_dir, checkpoint=str(tmp_path / "missing.pt")))
 
 
+def test_confined_paths_resolve_inside_the_root_only(tmp_path):
+    root, outside = tmp_path / "run", tmp_path / "elsewhere"
+    (root / "checkpoints").mkdir(parents=True)
+    outside.mkdir()
+    (root / "checkpoints" / "escape").symlink_to(outside)
+    assert confined_path(root / "checkpoints" / "step_1" / "critic.pt", root) == root / "checkpoints/step_1/critic.pt"
+    assert confined_path(root / "checkpoints" / ".." / "critic.pt", root) == root / "critic.pt"
+    assert confined_path(root / ".." / "elsewhere" / "critic.pt", root) is None
+    assert confined_path(root / "checkpoints" / "escape" / "critic.pt", root) is None  # a symlink out
+    assert confined_path(tmp_path / "run2" / "critic.pt", root) is None  # a sibling sharing the prefix
+    assert confined_path("/anywhere/critic.pt", None) == Path("/anywhere/critic.pt")  # no root: the CLI's own server
+
+
+def test_a_critic_with_a_save_root_writes_and_reads_inside_it_only(critic, reward_model_dir, tmp_path, monkeypatch):
+    root, outside = tmp_path / "run", tmp_path / "elsewhere"
+    (root / "checkpoints").mkdir(parents=True)
+    outside.mkdir()
+    (root / "checkpoints" / "escape").symlink_to(outside)
+    monkeypatch.setattr(critic.config, "save_root", str(root))
+    folder = root / "checkpoints" / "step_1" / "critic"
+    assert critic.save(f"{folder}/") == folder / CHECKPOINT_FILE
+    for path in (f"{root}/../elsewhere/critic.pt", f"{root}/checkpoints/escape/critic.pt"):
+        with pytest.raises(BadRequest, match=f"^bad request: .* lies outside {re.escape(str(root))}, the only folder"):
+            critic.save_fn([{"path": np.array([[path.encode()]], dtype=object)}])  # an answer, not a crash
+    assert list(outside.iterdir()) == []
+    config = critic_config(reward_model_dir, save_root=str(root), checkpoint=str(outside))
+    with pytest.raises(AlignerError, match="lies outside save_root"):
+        Critic(config)
+
+
 def test_values_only_critic_and_models_without_a_score_head(reward_model_dir):
     critic = Critic(critic_config(reward_model_dir, combine_rm_and_critic_server=False))
     tokens, lengths = batch(rows=2)
@@ -204,9 +242,14 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server):
 
     client = RemoteCriticClient(server.url, backoff_s=5.0)
     started = time.monotonic()
-    with pytest.raises(CriticError, match=rf"critic server {server.url} refused the request: bad request: path must"):
+    refused = (
+        rf"critic server {server.url} refused the request \(POST /v2/models/critic_save/infer: HTTP 500 Internal "
+        r"Server Error; the server blames the request; its log says why\)$"
+    )
+    with pytest.raises(CriticError, match=refused):
         client._request("POST", "/v2/models/critic_save/infer", {"inputs": [_bytes("path", "relative.pt")]})
     assert time.monotonic() - started < 2  # not retried
+    assert "bad request: path must be absolute" in server.output()  # the server's log says why; the client does not
     with pytest.raises(ValueError, match=r"lengths must lie in \[1, 3\]"):
         client.infer([[7, 8, 9]], [4])
     with pytest.raises(ValueError, match=r"a critic training step takes 1 to 1024 rows"):
