@@ -37,15 +37,7 @@ from sqlalchemy.orm import Session
 from aligner.config import TrainConfig, config_from_dict
 from aligner.errors import AlignerError, ConfigError
 from aligner.rewards.builtins import BUILTIN_REWARDS, validate_builtin_params
-
-try:
-    from aligner.servers.launch import check_critic_overrides
-except ImportError:  # TEMP until merge
-
-    def check_critic_overrides(items):
-        return items
-
-
+from aligner.servers.launch import check_critic_overrides
 from webapp.catalogue import find_dataset, find_model, find_server, reward_target
 from webapp.db import ALGORITHMS, CRITIC, POLICY, PPO, REWARD, TOKENIZER, CatalogueModel, Job, User
 
