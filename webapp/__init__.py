@@ -55,7 +55,7 @@ def create_app(test_config: dict[str, Any] | None = None):
     limits, error handling, blueprints, OpenAPI at /api/v1/openapi.json."""
     from apiflask import APIFlask
 
-    from webapp import admin, catalogue_api, datasets, errors, health, jobs, limits, results
+    from webapp import account, admin, catalogue_api, datasets, errors, health, jobs, limits, results
     from webapp.db import DEFAULT_DATA_DIR, database_url
     from webapp.extensions import db
     from webapp.queues import CeleryQueue
@@ -87,6 +87,7 @@ def create_app(test_config: dict[str, Any] | None = None):
             {"name": "Datasets", "description": "Uploaded prompt files: yours, and those an admin shared."},
             {"name": "Catalogue", "description": "Models, reward functions and servers jobs may use (admins add)."},
             {"name": "Admin", "description": "Every user's jobs (admins only)."},
+            {"name": "Account", "description": "Who the token belongs to."},
             {"name": "Health", "description": "Liveness of the API and its database."},
         ],
     )
@@ -100,8 +101,9 @@ def create_app(test_config: dict[str, Any] | None = None):
 
     db.init_app(app)
     app.extensions["aligner_queue"] = app.config["JOB_QUEUE"] or CeleryQueue()
-    limits.init_app(app, authenticated=(jobs.bp, results.bp, datasets.bp))  # first: a throttled address costs least
+    authenticated = (jobs, results, datasets, catalogue_api, admin, account)
+    limits.init_app(app, authenticated=[module.bp for module in authenticated])  # first: throttled costs least
     errors.init_app(app)
-    for module in (health, jobs, results, datasets, catalogue_api, admin):
+    for module in (health, *authenticated):
         app.register_blueprint(module.bp)
     return app

@@ -303,6 +303,12 @@ class DatasetShareIn(Schema):
     shared = Boolean(required=True, metadata={"description": "Every user may use it (true) or its owner only."})
 
 
+# ------------------------------------------------------------------------------------------------------ account
+class MeOut(Schema):
+    name = String(required=True, metadata={"description": "The token's user."})
+    is_admin = Boolean(required=True, metadata={"description": "An admin manages the catalogue and every job."})
+
+
 # -------------------------------------------------------------------------------------------------------- admin
 class AdminJobOut(JobOut):
     user = String(required=True, metadata={"description": "The job's owner."})

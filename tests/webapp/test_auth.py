@@ -87,6 +87,7 @@ def test_openapi_document_lists_paths_schemas_and_bearer_auth(client):
         "/api/v1/admin/jobs",
         "/api/v1/admin/jobs/{job_id}",
         "/api/v1/admin/jobs/{job_id}/cancel",
+        "/api/v1/me",
     }
     schemas = spec["components"]["schemas"]
     assert {"JobIn", "JobOut", "JobPage", "MetricsOut", "SamplePage", "DatasetOut", "HealthOut"} <= set(schemas)

@@ -1,16 +1,27 @@
-"""The dashboard's helpers without a browser: API JSON -> DataFrames, 422 errors -> form fields, form -> job body.
-The app itself is only built here; tests/webapp/test_ui_browser.py drives it."""
+"""The dashboard without a browser: API JSON -> DataFrames, 422 errors -> form fields, form -> job body, and the
+handlers of the New job form and the Catalogue tab run against the API served on a free port (the `app` fixture:
+policy tiny-sft, reward model tiny-rm, shared datasets train.jsonl and val.jsonl). The app itself is only built
+here; tests/webapp/test_ui_browser.py drives it."""
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import json
+import threading
 
 import pytest
+import requests
+import torch
 import yaml
+from safetensors.torch import save_file
+from sqlalchemy import select
 
 from aligner.config import TrainConfig
+from aligner.demo.templates import CONFIG_TEMPLATE, ppo_config_text
 from webapp import ui
-from webapp.ui import api, form, frames
+from webapp.db import MODEL_KINDS, SERVER_KINDS, ApiToken, revoke_token
+from webapp.ui import api, catalogue, form, frames, tabs
 
 NOW = dt.datetime(2026, 11, 22, 19, 0, 0, tzinfo=dt.UTC)
 
@@ -118,13 +129,24 @@ def test_compare_works_across_algorithms():
     assert only_ppo["series"].tolist() == ["3: p (ppo)", "3: p (ppo)"]
 
 
-def test_the_form_picks_the_algorithm_and_the_critic_model():
-    body = form.build_job(
-        {"name": "p", "algorithm": "ppo", "critic_model_path": " models/rm "}, "ppo: {ratio_eps: 0.1}"
-    )
-    assert body["config"] == {"algorithm": "ppo", "critic": {"model_path": "models/rm"}, "ppo": {"ratio_eps": 0.1}}
+def test_the_form_picks_the_algorithm_and_the_critic():
+    values = {"name": "p", "algorithm": "ppo", "critic_source": "model", "critic_model": " tiny-rm ",
+              "critic_server": "left-out", "reward_source": "server", "reward_server": "rm-1"}  # fmt: skip
+    body = form.build_job(values, "ppo: {ratio_eps: 0.1}\ncritic: {model_path: /x, server_overrides: [lr=0.1]}")
+    assert body["config"] == {
+        "algorithm": "ppo",
+        "critic": {"model": "tiny-rm", "server_overrides": ["lr=0.1"]},  # the form's critic replaces the YAML's
+        "reward": {"server": "rm-1"},
+        "ppo": {"ratio_eps": 0.1},
+    }
+    reinforce = form.build_job({**values, "algorithm": "reinforce"})
+    assert "critic" not in reinforce["config"]  # a critic is PPO's only
     by_field, _other = form.field_errors({"config.critic": ["needs a critic"], "config.algorithm": ["bad"]})
-    assert by_field == {"critic_model_path": ["needs a critic"], "algorithm": ["bad"]}
+    assert by_field == {"critic_source": ["needs a critic"], "algorithm": ["bad"]}
+    shown = form.visible_fields(values)
+    assert shown["critic_model"] and not shown["critic_server"] and shown["reward_server"]
+    assert not shown["reward_function"] and not shown["function_args"]
+    assert not form.visible_fields({**values, "algorithm": "reinforce"})["critic_source"]
 
 
 def test_samples_and_checkpoints_frames():
@@ -153,16 +175,21 @@ def test_parse_sse_and_event_log_keep_status_checkpoint_and_log_events():
 def test_field_errors_map_422_paths_to_form_fields():
     errors = {
         "config.optim.lr": ["Input should be greater than 0 (got -1)"],
-        "config.reward": ["give exactly one of reward.function, reward.model_path or reward.server_url"],
+        "config.reward": ["give exactly one of reward.function, reward.model or reward.server"],
+        "config.reward.function_args.tolerance": ["Input should be greater than or equal to 0"],
         "config.trainer.max_stepz": ["unknown field"],
-        "config.data.train_file": ["file not found: x.jsonl"],
+        "config.data.train_dataset": ["dataset 'x' not found"],
+        "config.model": ["bad"],
         "name": ["Shorter than minimum length 1."],
         "config": ["bad"],
     }
     by_field, other = form.field_errors(errors)
     assert by_field["lr"] == ["Input should be greater than 0 (got -1)"]
-    assert by_field["reward_function"] == by_field["reward_server_url"] == errors["config.reward"]
-    assert by_field["train_file"] == ["file not found: x.jsonl"]
+    assert by_field["reward_source"] == errors["config.reward"]  # the section's own field, not every picker in it
+    assert by_field["function_args"] == ["Input should be greater than or equal to 0"]
+    assert "reward_function" not in by_field
+    assert by_field["train_dataset"] == ["dataset 'x' not found"]
+    assert by_field["policy"] == by_field["tokenizer"] == ["bad"]  # a section without a field: each field in it
     assert by_field["name"] == ["Shorter than minimum length 1."]
     assert other == {"config.trainer.max_stepz": ["unknown field"], "config": ["bad"]}
     listed = form.errors_markdown(errors)
@@ -171,38 +198,66 @@ def test_field_errors_map_422_paths_to_form_fields():
 
 
 def test_build_job_puts_form_fields_over_the_advanced_yaml():
-    values = {"name": " run ", "policy_path": "models/p", "train_file": "t.jsonl", "val_file": "v.jsonl",
-              "reward_server_url": "http://127.0.0.1:8000", "reward_function": "", "max_steps": 4.0, "lr": 0.001,
-              "num_prompts_per_step": None}  # fmt: skip
-    advanced = "optim: {warmup_steps: 0, lr: 1.0}\nreward: {function: m:f, timeout_s: 5}\nrun_dir: /elsewhere\n"
+    values = {"name": " run ", "policy": "tiny-sft", "tokenizer": "", "train_dataset": 3, "val_dataset": "4",
+              "reward_source": "function", "reward_function": "numeric_match",
+              "function_args": '{"tolerance": 0.01}', "reward_server": "not-this-one", "max_steps": 4.0,
+              "lr": 0.001, "num_prompts_per_step": None}  # fmt: skip
+    advanced = "optim: {warmup_steps: 0, lr: 1.0}\nreward: {server: s, timeout_s: 5}\nrun_dir: /elsewhere\n"
     body = form.build_job(values, advanced)
     assert body["name"] == "run"
     config = body["config"]
+    assert config["model"] == {"policy": "tiny-sft"}  # an empty tokenizer: the policy's own
+    assert config["data"] == {"train_dataset": 3, "val_dataset": 4}  # ids, as the API takes them
     assert config["optim"] == {"warmup_steps": 0, "lr": 0.001}
-    assert config["reward"] == {"timeout_s": 5, "server_url": "http://127.0.0.1:8000"}  # one reward source
+    assert config["reward"] == {"timeout_s": 5, "function": "numeric_match", "function_args": {"tolerance": 0.01}}
     assert config["trainer"] == {"max_steps": 4} and isinstance(config["trainer"]["max_steps"], int)
     assert "run_dir" not in config and "reinforce" not in config  # empty fields are left to the server's defaults
+    assert form.build_job({**values, "train_dataset": "mine.jsonl"})["config"]["data"]["train_dataset"] == "mine.jsonl"
+    no_paths = json.dumps(config)
+    assert "_path" not in no_paths and "_file" not in no_paths and "_url" not in no_paths
+
     with pytest.raises(ValueError, match="mapping"):
         form.build_job(values, "- a list")
+    for bad, reason in [("[1, 2]", "must be a JSON object"), ("{tolerance: 1}", "not JSON"), ("3", "JSON object")]:
+        with pytest.raises(form.FormError, match=reason) as caught:
+            form.build_job({**values, "function_args": bad})
+        assert caught.value.field == "function_args"
+    # Arguments belong to a reward function: with another source they are not sent (nor checked).
+    other = form.build_job({**values, "reward_source": "model", "reward_model": "tiny-rm", "function_args": "[1]"},
+                           advanced)  # fmt: skip
+    assert other["config"]["reward"] == {"timeout_s": 5, "model": "tiny-rm"}
 
 
-def test_presets_offer_the_demo_model_when_its_assets_exist(tmp_path):
+def test_presets_name_the_demo_catalogue_entries_when_the_demo_configs_exist(tmp_path):
     assert list(form.presets(tmp_path)) == ["defaults"]
     demo = tmp_path / "demo_assets"
     demo.mkdir()
-    (demo / "train.jsonl").write_text('{"prompt": "x"}\n')
-    config = {"model": {"policy_path": "policy"}, "data": {"train_file": "train.jsonl", "val_file": "train.jsonl"},
-              "reward": {"function": "aligner.demo:reward"}, "optim": {"lr": 0.002, "warmup_steps": 0},
-              "trainer": {"max_steps": 60}}  # fmt: skip
-    (demo / "reinforce.yaml").write_text(yaml.safe_dump(config))
-    preset = form.presets(tmp_path)["demo tiny model"]
-    assert preset["form"]["policy_path"] == str(demo / "policy")  # absolute: the server's data folder may differ
-    assert preset["form"]["lr"] == 0.002 and preset["form"]["max_steps"] == 60
+    (demo / "reinforce.yaml").write_text(CONFIG_TEMPLATE)
+    (demo / "ppo.yaml").write_text(ppo_config_text())
+    found = form.presets(tmp_path)
+    assert list(found) == ["defaults", "demo tiny model", "demo tiny model, reward server", "demo tiny model, PPO"]
+
+    preset = found["demo tiny model"]
+    assert preset["form"]["policy"] == "demo-policy"
+    assert preset["form"]["train_dataset"] == "demo-prompts-train.jsonl"
+    assert preset["form"]["val_dataset"] == "demo-prompts-val.jsonl"
+    assert preset["form"]["reward_source"] == "function" and preset["form"]["reward_function"] == "demo"
+    assert preset["form"]["lr"] == 3.0e-4 and preset["form"]["max_steps"] == 80
     rest = yaml.safe_load(preset["yaml"])
-    assert rest["optim"]["warmup_steps"] == 0 and "lr" not in rest["optim"]
+    assert rest["optim"]["warmup_steps"] == 5 and "lr" not in rest["optim"]
+    assert "run_dir" not in rest and "policy_path" not in rest["model"] and "reward" not in rest
     body = form.build_job(preset["form"], preset["yaml"])
-    reward_rest = {k: v for k, v in rest["reward"].items() if k != "model_path"}  # one source: the form's
-    assert body["config"]["reward"] == {**reward_rest, "function": "aligner.demo:reward"}
+    assert body["config"]["model"]["policy"] == "demo-policy" and body["config"]["reward"] == {"function": "demo"}
+    assert "_path" not in json.dumps(body) and "_file" not in json.dumps(body)
+
+    served = found["demo tiny model, reward server"]["form"]
+    assert served["reward_source"] == "server" and served["reward_server"] == "demo-reward-server"
+    ppo = form.build_job(found["demo tiny model, PPO"]["form"], found["demo tiny model, PPO"]["yaml"])
+    assert ppo["config"]["algorithm"] == "ppo"
+    assert ppo["config"]["critic"] == {"model": "demo-reward-model", "server_overrides": ["lr=1.0e-3"]}
+
+    (demo / "ppo.yaml").write_text("model: [unclosed")  # a half-built demo folder: that preset is left out
+    assert "demo tiny model, PPO" not in form.presets(tmp_path)
 
 
 def test_the_app_builds(tmp_path):
@@ -224,12 +279,287 @@ def test_one_validation_prompt_followed_across_steps():
 
 
 def test_the_form_starts_from_the_configs_defaults():
-    given = {"policy_path": "p", "train_file": "t", "val_file": "v", "reward_function": "m:f"}
-    minimal = TrainConfig(
-        model={"policy_path": "p"}, data={"train_file": "t", "val_file": "v"}, reward={"function": "m:f"}
-    )
-    shown = form.form_from_config(minimal.model_dump(mode="json"))
-    assert {key: value for key, value in shown.items() if key not in given} == form.DEFAULTS
     assert {"algorithm", "num_prompts_per_step", "kl_penalty", "lr", "max_steps", "temperature"} <= set(form.DEFAULTS)
+    assert form.DEFAULTS["lr"] == TrainConfig.model_fields["optim"].default_factory().lr
+    assert form.DEFAULTS["reward_source"] == "function" and form.DEFAULTS["critic_source"] == "model"
     assert form.CHOICES == {"algorithm": ["reinforce", "ppo"]}
     assert form.config_default("config.reward.server_url") is None  # inside an optional section
+    shown = form.form_from_config({"model": {"policy": "p"}, "reward": {"model": "rm"}, "optim": {"lr": 0.1}})
+    assert shown == {"policy": "p", "reward_model": "rm", "lr": 0.1, "reward_source": "model"}
+
+
+# ------------------------------------------------------------------------------------------ against a live API
+@pytest.fixture
+def api_url(app):
+    """The `app` fixture's API served over HTTP on a free port (a thread): the dashboard's requests go over the
+    network as they do in production."""
+    from werkzeug.serving import make_server
+
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    thread.join(10)
+
+
+@pytest.fixture
+def session(api_url):
+    """The dashboard's Session for that API (its components need a Blocks around them)."""
+    import gradio as gr
+
+    with gr.Blocks():
+        session, _sign_in = tabs.header(api_url)
+    return session
+
+
+@pytest.fixture
+def model_folder(tmp_path):
+    """A Hugging Face-shaped folder on the API's server: config.json and a safetensors file of 10 parameters."""
+    folder = tmp_path / "server-models" / "small"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    save_file({"a": torch.zeros(2, 3), "b": torch.zeros(4)}, str(folder / "model.safetensors"))
+    return folder
+
+
+def upload(api_url: str, token: str, name: str) -> int:
+    lines = "".join(json.dumps({"prompt": p}) + "\n" for p in ("one", "two", "three"))
+    response = requests.post(f"{api_url}/api/v1/datasets", files={"file": (name, lines.encode())},
+                             headers={"Authorization": f"Bearer {token}"}, timeout=10)  # fmt: skip
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def values_of(choices: list) -> list:
+    return [value for _label, value in choices]
+
+
+def unchanged(outputs: list) -> bool:
+    """The handler left the token and the sign-in line alone (its last two outputs)."""
+    return all(out == {"__type__": "update"} for out in outputs[-2:])
+
+
+def test_the_drop_downs_list_the_catalogue_and_the_users_datasets(session, api_url, token, admin_token):
+    mine = upload(api_url, token, "mine.jsonl")
+    admin = api.Api(api_url, admin_token)
+    admin.post("/catalogue/servers", {"name": "rm-1", "url": "http://127.0.0.1:9", "kind": "reward"})
+    admin.post("/catalogue/servers", {"name": "critic-1", "url": "http://127.0.0.1:9", "kind": "critic"})
+    admin.post("/catalogue/reward-functions", {"name": "letters", "target": "tests.helpers.rewards:letter_reward"})
+
+    lists, summary, *updates, function_help, new_token, line = tabs.form_lists(session, token, {})
+    assert new_token == line == {"__type__": "update"}
+    assert summary.startswith("From the catalogue: policies: 1 · datasets: 3 · reward functions: 6 · reward models: 1")
+    by_key = dict(zip(tabs.PICKERS, updates, strict=True))
+    assert by_key["policy"]["choices"] == [("tiny-sft — test, 0 B", "tiny-sft")]
+    assert by_key["policy"]["value"] == "tiny-sft"  # the first choice, as nothing was picked
+    assert by_key["tokenizer"]["choices"] == [("(the policy's own)", ""), ("tiny-sft — test, 0 B, policy", "tiny-sft")]
+    assert values_of(by_key["reward_model"]["choices"]) == values_of(by_key["critic_model"]["choices"]) == ["tiny-rm"]
+    assert values_of(by_key["reward_server"]["choices"]) == ["rm-1"]
+    assert values_of(by_key["critic_server"]["choices"]) == ["critic-1"]
+    assert values_of(by_key["reward_function"]["choices"]) == [
+        "demo", "exact_match", "numeric_match", "regex_match", "length_penalty", "letters"]  # fmt: skip
+    assert ("letters — registered", "letters") in by_key["reward_function"]["choices"]
+    datasets = by_key["train_dataset"]["choices"]
+    assert datasets[0] == ("mine.jsonl (3 prompts, yours)", mine)  # the newest first, valued by id
+    shared = [label for label, _id in datasets[1:]]
+    assert shared == ["val.jsonl (2 prompts, shared)", "train.jsonl (2 prompts, shared)"]
+    assert function_help.startswith("**demo**: The demo task's reward")
+
+    numeric = catalogue.function_help(lists["functions"], "numeric_match")
+    assert "- `tolerance` (number; default 1e-06): Absolute tolerance." in numeric
+    assert "`pattern` (string; required)" in catalogue.function_help(lists["functions"], "regex_match")
+    assert "unchecked" in catalogue.function_help(lists["functions"], "letters")
+    assert "Arguments" not in catalogue.function_help(lists["functions"], "demo")
+
+    # A preset names datasets; the drop-downs hold ids: the name becomes the newest dataset's id of that name.
+    assert catalogue.pick(datasets, "train.jsonl") == datasets[2][1]
+    assert catalogue.pick(datasets, "gone.jsonl") == "gone.jsonl"
+    again = tabs.form_lists(session, token, {"policy": "tiny-sft", "val_dataset": "val.jsonl"})
+    by_key = dict(zip(tabs.PICKERS, again[2:-3], strict=True))
+    assert by_key["val_dataset"]["value"] == datasets[1][1]
+
+    cleared = tabs.form_lists(session, "", {})  # signed out: emptied, nothing asked
+    assert cleared[0] == {} and all(update["choices"] == [] for update in cleared[2:-3])
+
+
+def test_the_forms_job_names_catalogue_entries_and_the_api_accepts_it(session, api_url, token):
+    user = api.Api(api_url, token)
+    lists = catalogue.form_choices(user)
+    train_id, val_id = (dataset_id for _label, dataset_id in lists["train_dataset"][:2])
+    values = {**form.DEFAULTS, "name": "from the form", "policy": "tiny-sft", "tokenizer": "",
+              "train_dataset": train_id, "val_dataset": val_id, "reward_source": "function",
+              "reward_function": "numeric_match", "function_args": '{"tolerance": 0.01}', "max_steps": 3}  # fmt: skip
+
+    message, job_id, *errors, new_token, line = tabs.submit_job(session, token, "optim: {warmup_steps: 0}", values)
+    assert message == f"Submitted **job {job_id}** (queued)." and not any(errors)
+    config = user.get(f"/jobs/{job_id}")["config"]
+    assert config["model"]["policy"] == "tiny-sft"
+    assert (config["data"]["train_dataset"], config["data"]["val_dataset"]) == (train_id, val_id)
+    assert config["reward"]["function"] == "numeric_match" and config["reward"]["function_args"]["tolerance"] == 0.01
+    assert config["optim"]["warmup_steps"] == 0 and config["trainer"]["max_steps"] == 3
+
+    ppo = {**values, "algorithm": "ppo", "critic_source": "model", "critic_model": "tiny-rm",
+           "reward_source": "model", "reward_model": "tiny-rm"}  # fmt: skip
+    message, job_id, *_rest = tabs.submit_job(session, token, "", ppo)
+    assert message.startswith("Submitted"), message
+    config = user.get(f"/jobs/{job_id}")["config"]
+    assert config["critic"]["model"] == "tiny-rm" and config["reward"]["model"] == "tiny-rm"
+
+    # The API's reasons land under the fields they concern; the dashboard's own check comes first.
+    message, job_id, *errors, new_token, line = tabs.submit_job(
+        session, token, "", {**values, "function_args": '{"tolerance": -1}', "policy": "nope"}
+    )
+    per_field = dict(zip(form.FORM_FIELDS, errors, strict=True))
+    assert message.startswith("**Not submitted** (422)") and job_id == {"__type__": "update"}
+    assert "greater than or equal to 0" in per_field["function_args"]
+    assert "model 'nope' not found in the catalogue" in per_field["policy"]
+    assert unchanged([new_token, line])
+    message, _id, *errors, _token, _line = tabs.submit_job(session, token, "", {**values, "function_args": "[1]"})
+    per_field = dict(zip(form.FORM_FIELDS, errors, strict=True))
+    assert message.startswith("**Not submitted**: Reward function arguments (JSON object): must be a JSON object")
+    assert per_field["function_args"].startswith("⚠ must be a JSON object") and not per_field["policy"]
+
+
+def test_an_admin_registers_and_removes_catalogue_entries_from_the_catalogue_tab(
+    session, api_url, admin_token, token, model_folder
+):
+    shown, message, models, functions, servers, datasets = tabs.catalogue_view(session, admin_token)
+    assert shown["visible"] is True and models["name"].tolist() == ["tiny-rm", "tiny-sft"]
+    assert "numeric_match" in functions["name"].tolist() and datasets["shared"].tolist() == [True, True]
+    assert tabs.catalogue_view(session, token)[0]["visible"] is False  # a user: no Catalogue tab
+    assert tabs.catalogue_view(session, "")[0]["visible"] is False
+
+    act = functools.partial(tabs.catalogue_action, session)
+    out = act(catalogue.register_model, admin_token, " small-sft ", str(model_folder), "policy", "a small one")
+    assert out[0].startswith("Registered model **small-sft**: small-sft — LlamaForCausalLM, 10 params, ")
+    assert out[0].endswith(", policy.") and unchanged(out)
+    row = out[1].set_index("name").loc["small-sft"]
+    assert row["path"] == str(model_folder.resolve()) and row["parameters"] == "10"
+    out = act(catalogue.register_reward_function, admin_token, "letters", "tests.helpers.rewards:letter_reward", "")
+    assert out[0] == "Registered reward function **letters** (`tests.helpers.rewards:letter_reward`)."
+    out = act(catalogue.register_server, admin_token, "rm-1", "http://127.0.0.1:9", "reward", "reward_model", "")
+    assert out[0] == "Registered reward server **rm-1** at http://127.0.0.1:9."
+    assert out[3]["name"].tolist() == ["rm-1"]
+
+    lists = catalogue.form_choices(api.Api(api_url, token))  # a user's New job form offers them at once
+    assert "small-sft" in values_of(lists["policy"]) and "letters" in values_of(lists["reward_function"])
+    assert values_of(lists["reward_server"]) == ["rm-1"]
+
+    # Refusals: the API's message, and each field's reason.
+    out = act(catalogue.register_model, admin_token, "small-sft", str(model_folder), "policy", "")
+    assert out[0] == "**Refused** (409): 'small-sft' is already in the catalogue: remove it first"
+    out = act(catalogue.register_model, admin_token, "bad name!", str(model_folder / "nowhere"), "policy", "")
+    assert out[0].startswith("**Refused** (422): name 'bad name!' is not valid") and unchanged(out)
+    out = act(catalogue.register_server, admin_token, "rm-2", "ftp://x", "reward", "", "")
+    assert out[0].startswith("**Refused** (422)") and "\n- `url`: " in out[0]
+
+    for what, name in [("model", "small-sft"), ("reward function", "letters"), ("server", "rm-1")]:
+        out = act(catalogue.remove_entry, admin_token, what, name)
+        assert out[0] == f"Removed {what} **{name}** from the catalogue.", out[0]
+    assert "small-sft" not in out[1]["name"].tolist() and out[3].empty
+    out = act(catalogue.remove_entry, admin_token, "model", "small-sft")
+    assert out[0] == "**Refused** (404): model 'small-sft' not found in the catalogue"
+
+    # Sharing a user's upload: then every user may pick it.
+    theirs = upload(api_url, token, "theirs.jsonl")
+    out = act(catalogue.share_dataset, admin_token, theirs, True)
+    assert out[0] == f"Dataset {theirs} (**theirs.jsonl**) is now shared with every user."
+    [newest, *_older] = catalogue.form_choices(api.Api(api_url, token))["train_dataset"]
+    assert newest == ("theirs.jsonl (3 prompts, yours, shared)", theirs)
+    out = act(catalogue.share_dataset, admin_token, theirs, False)
+    assert out[0].endswith("is now its owner's only.")
+    assert act(catalogue.share_dataset, admin_token, None, True)[0].startswith("**Refused** (422): give the id")
+
+
+def test_a_user_is_refused_catalogue_changes_with_the_apis_message(session, token, model_folder):
+    act = functools.partial(tabs.catalogue_action, session)
+    refused = "**Refused** (403): only an admin may do this (aligner token create --admin)"
+    for action, args in [
+        (catalogue.register_model, ("x", str(model_folder), "policy", "")),
+        (catalogue.register_reward_function, ("x", "os:system", "")),
+        (catalogue.register_server, ("x", "http://169.254.169.254", "reward", "", "")),
+        (catalogue.remove_entry, ("model", "tiny-sft")),
+        (catalogue.share_dataset, (1, True)),
+    ]:
+        out = act(action, token, *args)
+        assert out[0] == refused and unchanged(out), action  # refused, still signed in
+        assert all(table == {"__type__": "update"} for table in out[1:5])
+    assert act(catalogue.register_model, "", "x", "/x", "policy", "")[0] == "Sign in first."
+
+
+def test_a_rejected_token_signs_the_tab_out_instead_of_being_sent_again(session, app, api_url, token, db_session):
+    assert session.sign_in(token)[:2] == [token, "Signed in as **alice**."]
+    assert session.sign_in("alg_wrong")[:2] == ["", "Sign-in failed: Unauthorized"]
+    assert unchanged(session.refresh_jobs(token))
+    with db_session() as s:
+        revoke_token(s, s.scalar(select(ApiToken.id).order_by(ApiToken.id.desc())))
+
+    sent: list[int] = []
+    original = api.Api.request
+
+    def counting(self, method, path, **kwargs):
+        try:
+            return original(self, method, path, **kwargs)
+        except api.ApiError as err:
+            sent.append(err.status)
+            raise
+
+    api.Api.request = counting
+    try:
+        table, new_token, line = session.refresh_jobs(token)
+        assert new_token == "" and line == "Signed out (token rejected: sign in again)."
+        assert sent == [401]
+        # Signed out, the tick's refreshes ask nothing.
+        assert session.refresh_jobs("") == [{"__type__": "update"}] * 3 and sent == [401]
+        assert tabs.form_lists(session, "", {})[1] == "Sign in to fill the lists from the catalogue." and sent == [401]
+        # Anything else that meets the rejected token signs the tab out too.
+        for out in (
+            tabs.submit_job(session, token, "", {**form.DEFAULTS, "policy": "tiny-sft"}),
+            tabs.catalogue_action(session, catalogue.remove_entry, token, "model", "tiny-sft"),
+            tabs.form_lists(session, token, {}),
+        ):
+            assert out[-2:] == ["", "Signed out (token rejected: sign in again)."]
+        assert sent == [401] * 4
+    finally:
+        api.Api.request = original
+
+
+def test_the_timers_refreshes_follow_the_jobs_refresh_that_drops_a_rejected_token(tmp_path):
+    app = ui.build_app("http://127.0.0.1:5000", tmp_path)
+    fns = list(app.fns.values())
+    on_tick = [fn for fn in fns if any(event == "tick" for _id, event in fn.targets)]
+    assert [fn.name for fn in on_tick] == ["refresh_jobs"]
+    followers = {fn.name for fn in fns if fn.trigger_after == on_tick[0]._id}
+    assert followers == {"refresh_job_page", "refresh_samples", "refresh_follow", "refresh_compare"}
+
+
+def test_a_preset_fills_the_form_naming_datasets_by_their_ids(tmp_path):
+    demo = tmp_path / "demo_assets"
+    demo.mkdir()
+    (demo / "reinforce.yaml").write_text(CONFIG_TEMPLATE)
+    app = ui.build_app("http://127.0.0.1:5000", tmp_path)
+    laid_out = [key for row in tabs.FORM_ROWS for key in row]  # the order of the form's inputs
+    assert sorted(laid_out) == sorted(form.FORM_FIELDS)  # each field once
+    apply = next(fn.fn for fn in app.fns.values() if fn.name == "apply_preset")
+    lists = {"train_dataset": [("demo-prompts-train.jsonl (40 prompts, shared)", 7)],
+             "val_dataset": [("other.jsonl (3 prompts, yours)", 2)]}  # fmt: skip
+    picked = {key: None for key in tabs.PICKERS}
+    *values, advanced = apply("demo tiny model", lists, *picked.values())
+    shown = dict(zip(laid_out, values, strict=True))
+    assert shown["policy"] == "demo-policy" and shown["reward_function"] == "demo" and shown["lr"] == 3.0e-4
+    assert shown["train_dataset"] == 7  # the id of the dataset of that name
+    assert shown["val_dataset"] == "demo-prompts-val.jsonl"  # not listed: the name, for the API to look up
+    assert "warmup_steps: 5" in advanced
+    *values, advanced = apply("defaults", lists, *{**picked, "policy": "mine", "train_dataset": 2}.values())
+    shown = dict(zip(laid_out, values, strict=True))
+    assert (shown["policy"], shown["train_dataset"], advanced) == ("mine", 2, "")  # the defaults keep the picks
+
+
+def test_the_ui_knows_the_apis_kinds():
+    assert catalogue.MODEL_KINDS == MODEL_KINDS and catalogue.SERVER_KINDS == SERVER_KINDS
+    assert catalogue.human_count(1_234_567) == "1.2M" and catalogue.human_count(950) == "950"
+    assert catalogue.human_bytes(4_812_345) == "4.8 MB" and catalogue.human_bytes(12) == "12 B"
+    model = {"name": "tiny-sft", "architecture": "LlamaForCausalLM", "num_parameters": 1_200_000,
+             "size_bytes": 4_800_000, "kind": "policy"}  # fmt: skip
+    assert catalogue.model_label(model) == "tiny-sft — LlamaForCausalLM, 1.2M params, 4.8 MB"

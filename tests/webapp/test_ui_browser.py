@@ -1,4 +1,6 @@
-"""The dashboard in a real browser: `aligner up` (embedded defaults) and headless Debian Chromium via Playwright.
+"""The dashboard in a real browser: `aligner up` (embedded defaults) and headless Debian Chromium via Playwright: the
+operator registers the tiny policy and the reward server in the Catalogue tab, the New job form picks them (and an
+uploaded dataset) from its drop-downs, the job runs, its pages fill, and a longer job is cancelled.
 
 Needs /usr/bin/chromium (`apt-get install -y chromium chromium-driver`; `make setup` installs it when root): the
 test skips without it, and fails when CI=true. Screenshots go to test-artifacts/ (git-ignored);
@@ -17,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -84,6 +87,22 @@ def _text(page, elem_id: str) -> str:
     return "\n".join([element.inner_text(), *values])
 
 
+def _choose(page, elem_id: str, label: str) -> None:
+    """Pick the option of drop-down `elem_id` whose label starts with `label`."""
+    page.locator(f"#{elem_id} input").first.click()
+    page.get_by_role("option", name=label).first.click()
+    page.keyboard.press("Escape")
+
+
+def _upload_prompts(stack: dict, path: Path) -> int:
+    """A dataset of the operator's (the stack's token), uploaded through the API as any user would."""
+    with path.open("rb") as f:
+        response = requests.post(f"{stack['api_url']}/api/v1/datasets", files={"file": (path.name, f)},
+                                 headers={"Authorization": f"Bearer {stack['token']}"}, timeout=30)  # fmt: skip
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
 def _wait_text(page, elem_id: str, pattern: str, timeout_s: float = 120) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -101,12 +120,9 @@ def test_dashboard_signs_in_submits_follows_and_cancels(stack, tmp_path, tiny_po
     ARTIFACTS.mkdir(exist_ok=True)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("the cat", "a dog", "the sea")))
+    _upload_prompts(stack, prompts)
     form = {
         "f-name": "ui tiny",
-        "f-policy_path": tiny_policy_dir,
-        "f-train_file": prompts,
-        "f-val_file": prompts,
-        "f-reward_server_url": stack["reward_url"],
         "f-num_prompts_per_step": 2,
         "f-num_rollouts_per_prompt": 2,
         "f-lr": 0.001,
@@ -125,10 +141,34 @@ def test_dashboard_signs_in_submits_follows_and_cancels(stack, tmp_path, tiny_po
             _wait_text(page, "signed-in", "Sign-in failed", 30)
             _fill(page, "token", stack["token"])
             page.click("#sign-in")
-            _wait_text(page, "signed-in", "Signed in", 30)
+            _wait_text(page, "signed-in", "Signed in as admin (admin)", 30)
+
+            # The operator puts the tiny policy and the stack's reward server in the catalogue (Catalogue tab).
+            page.get_by_role("tab", name="Catalogue").click()
+            _wait_text(page, "cat-models", "name", 30)
+            for elem_id, value in {"cat-m-name": "ui-tiny", "cat-m-path": tiny_policy_dir}.items():
+                _fill(page, elem_id, value)
+            page.click("#cat-m-add")
+            _wait_text(page, "cat-msg", "Registered model ui-tiny", 30)
+            for elem_id, value in {"cat-s-name": "ui-reward", "cat-s-url": stack["reward_url"]}.items():
+                _fill(page, elem_id, value)
+            page.click("#cat-s-add")
+            _wait_text(page, "cat-msg", "Registered reward server ui-reward", 30)
+            assert "ui-tiny" in _text(page, "cat-models") and "ui-reward" in _text(page, "cat-servers")
+            page.screenshot(path=ARTIFACTS / "ui-catalogue.png", full_page=True)
+
+            # The form picks them from its drop-downs.
+            page.get_by_role("tab", name="New job").click()
+            page.click("#refresh-lists")
+            _wait_text(page, "lists-msg", "policies: 1 · datasets: 1", 30)
+            _choose(page, "f-policy", "ui-tiny — LlamaForCausalLM")
+            _choose(page, "f-train_dataset", "prompts.jsonl (3 prompts, yours)")
+            _choose(page, "f-val_dataset", "prompts.jsonl (3 prompts, yours)")
+            page.locator("#f-reward_source").get_by_role("radio", name="reward server").check()
+            page.locator("#f-reward_server").wait_for(state="visible", timeout=30_000)
+            _choose(page, "f-reward_server", "ui-reward")
 
             # A 422 is shown under the field it concerns, and listed.
-            page.get_by_role("tab", name="New job").click()
             for elem_id, value in {**form, "f-max_steps": -1}.items():
                 _fill(page, elem_id, value)
             page.click("#submit")

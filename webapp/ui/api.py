@@ -10,6 +10,7 @@ import requests
 from aligner.errors import AlignerError
 
 TIMEOUT_S = 10
+REJECTED = "token rejected: sign in again"
 
 
 class ApiError(AlignerError, RuntimeError):
@@ -18,6 +19,21 @@ class ApiError(AlignerError, RuntimeError):
     def __init__(self, status: int, message: str, errors: dict[str, list[str]] | None = None):
         super().__init__(message)
         self.status, self.message, self.errors = status, message, errors or {}
+
+    @property
+    def rejected(self) -> bool:
+        """The token is no good (wrong, expired or revoked): asking again with it only counts as a failed sign-in,
+        and enough of those get the whole address throttled (429)."""
+        return self.status == 401
+
+    def describe(self) -> str:
+        """The message, then each field's reasons (those that only repeat the message left out), as Markdown."""
+        lines = [self.message]
+        for field, reasons in self.errors.items():
+            for reason in reasons if isinstance(reasons, list) else [reasons]:
+                if reason != self.message:
+                    lines.append(f"- `{field}`: {reason}")
+        return "\n".join(lines)
 
 
 class Api:
@@ -47,6 +63,22 @@ class Api:
 
     def post(self, path: str, body: dict | None = None) -> Any:
         return self.request("POST", path, json=body).json()
+
+    def patch(self, path: str, body: dict) -> Any:
+        return self.request("PATCH", path, json=body).json()
+
+    def delete(self, path: str) -> None:
+        self.request("DELETE", path)
+
+    def get_all(self, path: str, pages: int = 20, **params) -> list[dict]:
+        """The items of a paged list (100 a page, at most `pages` pages)."""
+        items: list[dict] = []
+        for page in range(1, pages + 1):
+            body = self.get(path, per_page=100, page=page, **params)
+            items += body["items"]
+            if len(items) >= body["total"] or not body["items"]:
+                break
+        return items
 
     def events(self, job_id: int, batches: int = 20) -> list[dict]:
         """The job's events so far (the SSE stream read with timeout=0, 500 events a batch)."""

@@ -1,8 +1,12 @@
-"""The New job form: its fields, defaults and presets, the POST /jobs body it builds, and a 422's errors by field."""
+"""The New job form: its fields, defaults and presets, the POST /jobs body it builds, and a 422's errors by field.
+
+The job names catalogue entries and datasets (model.policy, data.train_dataset, reward.function, ...), never paths:
+the drop-downs' choices come from the API (webapp/ui/catalogue.py)."""
 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any, get_args
 
@@ -10,18 +14,27 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from aligner.config import TrainConfig, load_config
+from aligner.config import TrainConfig
+from webapp.stack import DEMO_POLICY, DEMO_REWARD_MODEL, DEMO_REWARD_SERVER
 
-# Form field -> (dotted path in the job body, label, kind). Kinds: text, int, float, choice (one of CHOICES).
+# Form field -> (dotted path in the job body, label, kind). Kinds: text, int, float, choice (one of CHOICES),
+# catalogue (a drop-down of catalogue names), dataset (a drop-down of dataset ids), json (a JSON object), source
+# (which of a section's pickers applies: SOURCES).
 FORM_FIELDS: dict[str, tuple[str, str, str]] = {
     "name": ("name", "Job name", "text"),
     "algorithm": ("config.algorithm", "Algorithm", "choice"),
-    "critic_model_path": ("config.critic.model_path", "PPO: critic model (reward-model folder on the server)", "text"),
-    "policy_path": ("config.model.policy_path", "Policy (Hugging Face folder on the server)", "text"),
-    "train_file": ("config.data.train_file", "Train prompts (JSONL)", "text"),
-    "val_file": ("config.data.val_file", "Validation prompts (JSONL)", "text"),
-    "reward_server_url": ("config.reward.server_url", "Reward server URL", "text"),
-    "reward_function": ("config.reward.function", "or reward function (module:callable)", "text"),
+    "policy": ("config.model.policy", "Policy", "catalogue"),
+    "tokenizer": ("config.model.tokenizer", "Tokenizer", "catalogue"),
+    "train_dataset": ("config.data.train_dataset", "Train prompts", "dataset"),
+    "val_dataset": ("config.data.val_dataset", "Validation prompts", "dataset"),
+    "reward_source": ("config.reward", "Reward from", "source"),
+    "reward_function": ("config.reward.function", "Reward function", "catalogue"),
+    "reward_model": ("config.reward.model", "Reward model (run in the trainer)", "catalogue"),
+    "reward_server": ("config.reward.server", "Reward server", "catalogue"),
+    "function_args": ("config.reward.function_args", "Reward function arguments (JSON object)", "json"),
+    "critic_source": ("config.critic", "PPO: critic from", "source"),
+    "critic_model": ("config.critic.model", "PPO: critic model (the worker starts a critic server)", "catalogue"),
+    "critic_server": ("config.critic.server", "PPO: critic server", "catalogue"),
     "num_prompts_per_step": ("config.reinforce.num_prompts_per_step", "Prompts per step", "int"),
     "num_rollouts_per_prompt": ("config.reinforce.num_rollouts_per_prompt", "Rollouts per prompt", "int"),
     "kl_penalty": ("config.reinforce.initial_policy_kl_penalty", "KL penalty", "float"),
@@ -32,6 +45,31 @@ FORM_FIELDS: dict[str, tuple[str, str, str]] = {
     "val_check_interval": ("config.trainer.val_check_interval", "Validation interval (steps)", "int"),
     "save_interval": ("config.trainer.save_interval", "Checkpoint interval (steps)", "int"),
 }
+# A source field -> {its value: the field that then names the entry}; the other pickers are left out of the job.
+SOURCES: dict[str, dict[str, str]] = {
+    "reward_source": {"function": "reward_function", "model": "reward_model", "server": "reward_server"},
+    "critic_source": {"model": "critic_model", "server": "critic_server"},
+}
+SOURCE_CHOICES: dict[str, list[tuple[str, str]]] = {
+    "reward_source": [("reward function", "function"), ("reward model", "model"), ("reward server", "server")],
+    "critic_source": [("critic model", "model"), ("critic server", "server")],
+}
+# Where a form gives a reward or critic, these keys of the advanced YAML give way (the paths and URLs of aligner's
+# own config among them: the API refuses those, and the form's pick is what was meant).
+SOURCE_KEYS = {
+    "reward": ("function", "function_args", "model", "server", "model_path", "server_url", "model_name"),
+    "critic": ("model", "server", "model_path", "server_url"),
+}
+PPO_ONLY = ("critic_source", "critic_model", "critic_server")
+ALIGNER_KINDS = ("int", "float", "choice")  # the fields that are aligner.config's own, with its defaults
+
+
+class FormError(ValueError):
+    """A form value the dashboard refuses before asking the API; `field` is the form field to blame."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
 
 
 def config_field(path: str) -> FieldInfo:
@@ -57,11 +95,15 @@ CHOICES: dict[str, list[str]] = {
     for key, (path, _label, kind) in FORM_FIELDS.items()
     if kind == "choice"
 }
-# The form before a preset is chosen: aligner.config's defaults (the fields without one start empty).
+# The form before a preset is chosen: aligner.config's defaults (the fields without one start empty), and the first
+# of each source.
 DEFAULTS: dict[str, Any] = {
-    key: default
-    for key, (path, _label, _kind) in FORM_FIELDS.items()
-    if path.startswith("config.") and (default := config_default(path)) is not None
+    **{
+        key: default
+        for key, (path, _label, kind) in FORM_FIELDS.items()
+        if kind in ALIGNER_KINDS and (default := config_default(path)) is not None
+    },
+    **{key: choices[0][1] for key, choices in SOURCE_CHOICES.items()},
 }
 
 
@@ -80,53 +122,98 @@ def deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
+def visible_fields(values: dict[str, Any]) -> dict[str, bool]:
+    """Which fields apply to the form's values: the picker of each chosen source (the function's arguments with a
+    reward function), and the critic's fields for PPO only."""
+    shown = {key: True for key in FORM_FIELDS}
+    for source, pickers in SOURCES.items():
+        for value, key in pickers.items():
+            shown[key] = values.get(source) == value
+    shown["function_args"] = shown["reward_function"]
+    if values.get("algorithm") != "ppo":
+        shown.update({key: False for key in PPO_ONLY})
+    return shown
+
+
+def json_object(text: Any, field: str = "function_args") -> dict:
+    """A JSON object typed in a text box (empty: {}); FormError naming `field` when it is something else."""
+    if isinstance(text, dict):
+        return text
+    if not str(text or "").strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise FormError(field, f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise FormError(field, f'must be a JSON object, e.g. {{"tolerance": 0.01}}, not {type(value).__name__}')
+    return value
+
+
+def _form_value(key: str, kind: str, value: Any) -> Any:
+    if kind == "int":
+        return int(value) if float(value).is_integer() else value
+    if kind == "float":
+        return float(value)
+    if kind == "json":
+        return json_object(value, key) or None
+    if kind == "dataset":  # an id picked, or a name (or id) typed: the API takes either
+        value = str(value).strip() if not isinstance(value, int) else value
+        return int(value) if isinstance(value, str) and value.isdigit() else value
+    return str(value).strip()
+
+
 def build_job(values: dict[str, Any], advanced_yaml: str = "") -> dict:
     """The POST /jobs body: the advanced YAML (a config mapping) with the form's non-empty fields over it.
 
-    A reward server URL in the form replaces any reward source of the YAML, and so does a reward function.
-    Raises ValueError (naming the problem) when the YAML is not a mapping.
+    Only the chosen source's picker goes into the job (the function's arguments only with a reward function, a
+    critic only for PPO); a reward or critic in the form replaces the YAML's. Raises FormError for a field the
+    dashboard can tell is wrong (arguments that are not a JSON object), ValueError when the YAML is not a mapping.
     """
     extra = yaml.safe_load(advanced_yaml or "") or {}
     if not isinstance(extra, dict):
         raise ValueError("the advanced YAML must be a mapping (e.g. `optim: {warmup_steps: 0}`)")
     extra.pop("run_dir", None)  # the server sets it
+    shown = visible_fields(values)
     form: dict[str, Any] = {}
     for key, (path, _label, kind) in FORM_FIELDS.items():
         value = values.get(key)
-        if value is None or (isinstance(value, str) and not value.strip()):
+        if kind == "source" or not shown[key] or value is None or (isinstance(value, str) and not value.strip()):
             continue
-        if kind == "int":
-            value = int(value) if float(value).is_integer() else value
-        elif kind == "float":
-            value = float(value)
-        else:
-            value = str(value).strip()
-        _set(form, path, value)
+        value = _form_value(key, kind, value)
+        if value is not None:
+            _set(form, path, value)
     config = form.get("config", {})
-    if "reward" in config:  # one source only: the form's replaces the YAML's
-        extra["reward"] = {
-            k: v for k, v in extra.get("reward", {}).items() if k not in ("function", "model_path", "server_url")
-        }
+    for section, keys in SOURCE_KEYS.items():
+        if section in config and isinstance(extra.get(section), dict):  # one source only: the form's
+            extra[section] = {k: v for k, v in extra[section].items() if k not in keys}
     return {"name": form.get("name", "job"), "config": deep_merge(extra, config)}
+
+
+def _owners(path: str) -> list[str]:
+    """The form fields an error at `path` belongs to: the field at the path or holding it (a source only at its own
+    path: its pickers take what is inside), else every field inside that section (not the root `config`)."""
+    owners = [
+        key
+        for key, (field_path, _label, kind) in FORM_FIELDS.items()
+        if path == field_path or (kind != "source" and path.startswith(field_path + "."))
+    ]
+    if owners or path == "config":
+        return owners
+    return [key for key, (field_path, _label, _kind) in FORM_FIELDS.items() if field_path.startswith(path + ".")]
 
 
 def field_errors(errors: dict[str, list[str]]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """A 422's `errors` -> (reasons by form field, reasons for the rest by dotted path).
 
-    An error belongs to a field when its path is the field's, inside it, or a section holding it (e.g.
-    `config.reward`, "give exactly one of ...", goes to both reward fields); the root `config` is not a section here.
+    An error belongs to the field at its path, or to the field holding it (`config.reward.function_args.tolerance`:
+    the arguments box), or, for a section without a field of its own, to every field in it (`config.trainer`).
     """
     by_field: dict[str, list[str]] = {}
     other: dict[str, list[str]] = {}
     for path, reasons in errors.items():
         reasons = reasons if isinstance(reasons, list) else [str(reasons)]
-        owners = [
-            key
-            for key, (field_path, _label, _kind) in FORM_FIELDS.items()
-            if path == field_path
-            or path.startswith(field_path + ".")
-            or (path != "config" and field_path.startswith(path + "."))
-        ]
+        owners = _owners(path)
         for key in owners:
             by_field.setdefault(key, []).extend(reasons)
         if not owners:
@@ -146,33 +233,83 @@ def errors_markdown(errors: dict[str, list[str]]) -> str:
 
 
 def form_from_config(config: dict) -> dict[str, Any]:
-    """Form values from a config mapping (a preset): the inverse of build_job for the form's fields."""
+    """Form values from a job config as the API takes it (a preset): the inverse of build_job for the form's
+    fields, the sources included."""
     values: dict[str, Any] = {}
-    for key, (path, _label, _kind) in FORM_FIELDS.items():
+    for key, (path, _label, kind) in FORM_FIELDS.items():
         node: Any = {"config": config}
         for part in path.split("."):
             node = node.get(part) if isinstance(node, dict) else None
-        if node is not None:
-            values[key] = node
+        if node is not None and kind != "source":
+            values[key] = json.dumps(node) if kind == "json" else node
+    for source, pickers in SOURCES.items():
+        chosen = next((value for value, key in pickers.items() if values.get(key) not in (None, "")), None)
+        if chosen is not None:
+            values[source] = chosen
     return values
 
 
+# The demo's folders and files (aligner/demo/) -> the catalogue names `aligner up --demo` registers them under
+# (webapp/stack.py register_demo_assets).
+DEMO_NAMES = {
+    "policy": DEMO_POLICY,
+    "reward_model": DEMO_REWARD_MODEL,
+    "prompts_train.jsonl": "demo-prompts-train.jsonl",
+    "prompts_val.jsonl": "demo-prompts-val.jsonl",
+}
+DEMO_FUNCTION = "demo"  # the built-in behind aligner.demo:reward
+
+
+def demo_job_config(config: dict, reward: dict[str, Any] | None = None) -> dict:
+    """A demo YAML (aligner's shape: paths) as a job names the demo's catalogue entries (`aligner up --demo`);
+    `reward` replaces its reward source."""
+    config = copy.deepcopy(config)
+    config.pop("run_dir", None)
+    model, data = config.setdefault("model", {}), config.setdefault("data", {})
+    model["policy"] = DEMO_NAMES["policy"]
+    model.pop("policy_path", None)
+    model.pop("tokenizer_path", None)
+    for field, api_field in (("train_file", "train_dataset"), ("val_file", "val_dataset")):
+        file_name = Path(str(data.pop(field, ""))).name
+        data[api_field] = DEMO_NAMES.get(file_name, file_name)
+    rest = {k: v for k, v in (config.get("reward") or {}).items() if k not in SOURCE_KEYS["reward"]}
+    config["reward"] = {**rest, **(reward or {"function": DEMO_FUNCTION})}
+    critic = config.get("critic")
+    if isinstance(critic, dict) and critic.get("model_path"):
+        critic.pop("model_path")
+        critic["model"] = DEMO_NAMES["reward_model"]
+    return config
+
+
+def _preset(config: dict, name: str) -> dict[str, Any]:
+    """{"form": values, "yaml": the rest of the config} of a job config."""
+    form = {**form_from_config(config), "name": name}
+    rest = copy.deepcopy(config)
+    for path, _label, kind in FORM_FIELDS.values():
+        section, _, leaf = path.removeprefix("config.").partition(".")
+        if leaf and isinstance(rest.get(section), dict) and kind != "source":
+            rest[section].pop(leaf, None)
+    rest = {key: value for key, value in rest.items() if value != {} and key != "algorithm"}
+    return {"form": form, "yaml": yaml.safe_dump(rest, sort_keys=False) if rest else ""}
+
+
 def presets(data_dir: Path | None) -> dict[str, dict[str, Any]]:
-    """Name -> {"form": values, "yaml": advanced YAML}. The demo tiny model when DATA_DIR/demo_assets has it."""
+    """Name -> {"form": values, "yaml": advanced YAML}. With the demo's configs in DATA_DIR/demo_assets, the demo's
+    runs naming the entries `aligner up --demo` puts in the catalogue: REINFORCE scored by the demo reward function,
+    or by the demo reward model behind the stack's reward server, and PPO."""
     found: dict[str, dict[str, Any]] = {"defaults": {"form": dict(DEFAULTS), "yaml": ""}}
-    demo = data_dir / "demo_assets" / "reinforce.yaml" if data_dir else None
-    if demo is not None and demo.is_file():
+    demo = data_dir / "demo_assets" if data_dir else None
+    if demo is None:
+        return found
+    for preset_name, file_name, reward in [
+        ("demo tiny model", "reinforce.yaml", None),
+        ("demo tiny model, reward server", "reinforce.yaml", {"server": DEMO_REWARD_SERVER}),
+        ("demo tiny model, PPO", "ppo.yaml", None),
+    ]:
         try:
-            config = load_config(demo).model_dump(mode="json")  # paths made absolute against the YAML's folder
-        except Exception:  # a half-built or old demo folder: no preset rather than no dashboard
-            config = None
-        if config is not None:
-            config.pop("run_dir", None)
-            form = {**form_from_config(config), "name": "demo: tiny policy"}
-            rest = copy.deepcopy(config)
-            for path, _label, _kind in FORM_FIELDS.values():
-                section, _, leaf = path.removeprefix("config.").partition(".")
-                if leaf and isinstance(rest.get(section), dict):
-                    rest[section].pop(leaf, None)
-            found["demo tiny model"] = {"form": form, "yaml": yaml.safe_dump(rest, sort_keys=False)}
+            config = yaml.safe_load((demo / file_name).read_text())
+        except (OSError, yaml.YAMLError):  # a half-built or old demo folder: no preset rather than no dashboard
+            continue
+        if isinstance(config, dict):
+            found[preset_name] = _preset(demo_job_config(config, reward), f"demo: {preset_name.removeprefix('demo ')}")
     return found
