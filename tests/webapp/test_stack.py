@@ -87,10 +87,18 @@ def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_di
         headers = {"Authorization": f"Bearer {stack['token']}"}
         prompts = tmp_path / "prompts.jsonl"
         prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("the cat", "a dog", "the sea")))
+        # The stack's token is the operator's: it registers what the job names, as `aligner up --demo` does.
+        api = f"{stack['api_url']}/api/v1"
+        model = {"name": "tiny", "path": str(tiny_policy_dir), "kind": "policy"}
+        assert requests.post(f"{api}/catalogue/models", json=model, headers=headers, timeout=30).status_code == 201
+        server = {"name": "rm", "url": stack["reward_url"], "kind": "reward"}
+        assert requests.post(f"{api}/catalogue/servers", json=server, headers=headers, timeout=30).status_code == 201
+        with prompts.open("rb") as f:
+            dataset = requests.post(f"{api}/datasets", files={"file": f}, headers=headers, timeout=30).json()["id"]
         config = {
-            "model": {"policy_path": str(tiny_policy_dir)},
-            "data": {"train_file": str(prompts), "val_file": str(prompts)},
-            "reward": {"server_url": stack["reward_url"]},
+            "model": {"policy": "tiny"},
+            "data": {"train_dataset": dataset, "val_dataset": dataset},
+            "reward": {"server": "rm"},
             "generation": {"max_new_tokens": 6},
             "reinforce": {"num_prompts_per_step": 2, "num_rollouts_per_prompt": 2},
             "optim": {"lr": 1e-3, "warmup_steps": 1},
