@@ -234,9 +234,11 @@ def test_a_critic_override_a_job_may_not_set_fails_it_at_launch(factory, tmp_pat
     """A job row holding `host=0.0.0.0` (the API refuses it; the worker checks again) starts no critic server."""
     config = job_config(max_steps=1)
     config["algorithm"] = "ppo"
+    (tmp_path / "critic_rm").mkdir()  # a catalogue folder that exists: the override alone is refused
     config["critic"] = {"model_path": str(tmp_path / "critic_rm"), "server_overrides": ["lr=1e-3", "host=0.0.0.0"]}
     job_id = create_job(factory, config, tmp_path / "run")
     assert run_job(job_id, settings(tmp_path), factory)["outcome"] == "failed"
     error = job_row(factory, job_id).error
-    assert error.startswith("cannot start the job: critic.server_overrides: 'host' cannot be set by a job; allowed: ")
+    assert error.startswith("cannot start the job: the job's config is refused at launch: config.critic.server_overrides")
+    assert "'host' cannot be set by a job; allowed: " in error and "config.critic.model" not in error
     assert not (tmp_path / "run" / CRITIC_LOG).exists()
