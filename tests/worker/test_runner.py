@@ -239,6 +239,7 @@ def test_a_critic_override_a_job_may_not_set_fails_it_at_launch(factory, tmp_pat
     job_id = create_job(factory, config, tmp_path / "run")
     assert run_job(job_id, settings(tmp_path), factory)["outcome"] == "failed"
     error = job_row(factory, job_id).error
-    assert error.startswith("cannot start the job: the job's config is refused at launch: config.critic.server_overrides")
+    assert error.startswith("cannot start the job: the job's config is refused at launch: ")
+    assert "config.critic.server_overrides" in error
     assert "'host' cannot be set by a job; allowed: " in error and "config.critic.model" not in error
     assert not (tmp_path / "run" / CRITIC_LOG).exists()
