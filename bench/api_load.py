@@ -119,20 +119,31 @@ def database(backend: str, tmp: Path, postgres_url: str) -> Iterator[str]:
         yield f"sqlite:///{tmp / 'aligner.db'}"
 
 
-def job_config(data_dir: Path, max_steps: int) -> dict:
-    """A resolved config as the API stores it (every default filled in)."""
+def job_config(session, user, data_dir: Path, max_steps: int) -> dict:
+    """A resolved config as the API stores it (catalogue names, every default filled in), naming a stand-in policy
+    registered in the catalogue and two datasets of `user`."""
+    from webapp.db import CatalogueModel, Dataset
     from webapp.job_config import validate_job_config
 
+    policy = data_dir / "models" / "tiny-sft"
+    policy.mkdir(parents=True, exist_ok=True)
+    session.add(CatalogueModel(name="tiny-sft", kind="policy", path=str(policy.resolve()), architecture="bench"))
+    datasets = data_dir / "datasets" / f"user_{user.id}"
+    datasets.mkdir(parents=True, exist_ok=True)
+    for name in ("train.jsonl", "val.jsonl"):
+        (datasets / name).write_text('{"prompt": "Describe the cat."}\n')
+        session.add(Dataset(user_id=user.id, name=name, path=f"datasets/user_{user.id}/{name}", num_prompts=1))
+    session.flush()
     raw = {
-        "model": {"policy_path": "models/tiny-sft"},
-        "data": {"train_file": "datasets/user_1/train.jsonl", "val_file": "datasets/user_1/val.jsonl"},
-        "reward": {"function": "aligner.demo:reward"},
+        "model": {"policy": "tiny-sft"},
+        "data": {"train_dataset": "train.jsonl", "val_dataset": "val.jsonl"},
+        "reward": {"function": "demo"},
         "trainer": {"max_steps": max_steps},
     }
-    config = validate_job_config(raw, data_dir, data_dir / "runs" / "job_0", check_paths=False)
+    config = validate_job_config(raw, session, user, data_dir, data_dir / "runs" / "job_0")
     if isinstance(config, dict):
         raise RuntimeError(f"invalid benchmark config: {config}")
-    return config.model_dump(mode="json")
+    return config.stored
 
 
 def seed(url: str, data_dir: Path, jobs: int, steps: int) -> tuple[str, list[int], dict[str, int]]:
@@ -152,16 +163,17 @@ def seed(url: str, data_dir: Path, jobs: int, steps: int) -> tuple[str, list[int
         make_session_factory,
         session_scope,
     )
-    from webapp.manage import upgrade
+    from webapp.migrate import upgrade
 
     upgrade(url, configure_logger=False)
     rng = random.Random(0)
-    config = job_config(data_dir, steps)
     engine = make_engine(url)
     try:
         with session_scope(make_session_factory(engine)) as session:
             token = create_token(session, "bench", "api_load")
-            user_id = session.scalar(select(User.id).where(User.name == "bench"))
+            user = session.scalar(select(User).where(User.name == "bench"))
+            user_id = user.id
+            config = job_config(session, user, data_dir, steps)
             start = dt.datetime(2026, 1, 1)
             job_rows = []
             for j in range(jobs):
