@@ -6,7 +6,7 @@ from apiflask import APIBlueprint
 from sqlalchemy import func, select
 
 from webapp.auth import auth, require_admin
-from webapp.db import Job, User
+from webapp.db import Job, User, column_values
 from webapp.errors import abort_fields
 from webapp.extensions import db
 from webapp.jobs import cancel
@@ -17,8 +17,7 @@ ADMIN_ONLY = {403: "Not an admin"}
 
 
 def _with_owner(job: Job, owner: str) -> dict:
-    columns = {column.name: getattr(job, column.name) for column in Job.__table__.columns}
-    return {**columns, "algorithm": job.algorithm, "user": owner}
+    return {**column_values(job), "algorithm": job.algorithm, "user": owner}
 
 
 def _job_or_404(job_id: int, lock: bool = False) -> tuple[Job, str]:

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from aligner.rewards.builtins import BUILTIN_REWARDS
 from webapp.auth import auth, current_user, require_admin
 from webapp.catalogue import CatalogueError, add_model, add_reward_function, add_server, remove_entry
-from webapp.db import CatalogueModel, RewardFunction, ServerEndpoint
+from webapp.db import CatalogueModel, RewardFunction, ServerEndpoint, column_values
 from webapp.errors import abort_fields
 from webapp.extensions import db
 from webapp.schemas import (
@@ -34,7 +34,7 @@ ADMIN_ONLY = {403: "Only an admin may change the catalogue"}
 
 def _admin_view(entry, secret: str) -> dict:
     """The entry's columns, with its `secret` column (path, url, target) blanked for a non-admin."""
-    row = {column.name: getattr(entry, column.name) for column in entry.__table__.columns}
+    row = column_values(entry)
     if not current_user().is_admin:
         row[secret] = None
     return row

@@ -21,7 +21,7 @@ from aligner.data.prompts import read_prompt_file
 from aligner.errors import PromptDataError
 from webapp.auth import auth, current_user, require_admin
 from webapp.catalogue import DATASETS_DIR, visible_datasets
-from webapp.db import Dataset
+from webapp.db import Dataset, column_values
 from webapp.errors import abort_fields
 from webapp.extensions import db
 from webapp.limits import check_dataset_bytes
@@ -78,8 +78,7 @@ def upload_dataset(form_and_files_data):
 
 
 def _out(dataset: Dataset) -> dict:
-    columns = {column.name: getattr(dataset, column.name) for column in Dataset.__table__.columns}
-    return {**columns, "mine": dataset.user_id == current_user().id}
+    return {**column_values(dataset), "mine": dataset.user_id == current_user().id}
 
 
 @bp.get("")

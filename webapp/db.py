@@ -240,6 +240,11 @@ class ServerEndpoint(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
+def column_values(row: Base) -> dict[str, Any]:
+    """A row's columns by name: what a response is built from when it adds or hides fields."""
+    return {column.name: getattr(row, column.name) for column in row.__table__.columns}
+
+
 # ------------------------------------------------------------------------------------------------- engine
 def database_url(data_dir: Path | None = None) -> str:
     """`ALIGNER_DATABASE_URL`, or a SQLite file in the data folder (no server needed)."""

@@ -183,9 +183,10 @@ class Stack:
 DEMO_POLICY, DEMO_REWARD_MODEL, DEMO_REWARD_SERVER = "demo-policy", "demo-reward-model", "demo-reward-server"
 
 
-def _api(urls: dict, method: str, path: str, **kwargs) -> requests.Response:
+def _api(urls: dict, method: str, path: str, timeout: float = 60, **kwargs) -> requests.Response:
+    """A request to the stack's API with its operator token."""
     headers = {"Authorization": f"Bearer {urls['token']}"}
-    return requests.request(method, f"{urls['api_url']}/api/v1{path}", headers=headers, timeout=60, **kwargs)
+    return requests.request(method, f"{urls['api_url']}/api/v1{path}", headers=headers, timeout=timeout, **kwargs)
 
 
 def register_demo_assets(urls: dict, demo_dir: Path) -> dict[str, int]:
@@ -238,10 +239,9 @@ def follow_job(urls: dict, job_id: int, stop: threading.Event) -> dict:
     """Print the job's progress (step, reward, KL) until it ends; returns the final job."""
     from webapp.db import FINAL_STATUSES
 
-    headers = {"Authorization": f"Bearer {urls['token']}"}
     last_step = -1
     while not stop.is_set():
-        job = requests.get(f"{urls['api_url']}/api/v1/jobs/{job_id}", headers=headers, timeout=30).json()
+        job = _api(urls, "GET", f"/jobs/{job_id}", timeout=30).json()
         if job["step"] != last_step:
             last_step = job["step"]
             reward = job.get("latest_reward")
@@ -302,9 +302,8 @@ def run(args) -> None:
 
 
 def _job_summary(urls: dict, job: dict) -> str:
-    headers = {"Authorization": f"Bearer {urls['token']}"}
-    url = f"{urls['api_url']}/api/v1/jobs/{job['id']}/metrics"
-    series = requests.get(url, params={"name": "train_rollouts/rewards"}, headers=headers, timeout=30).json()
+    params = {"name": "train_rollouts/rewards"}
+    series = _api(urls, "GET", f"/jobs/{job['id']}/metrics", timeout=30, params=params).json()
     values = _values(series, "train_rollouts/rewards")
     line = f"job {job['id']} {job['status']} at step {job['step']}"
     if len(values) >= 2:
