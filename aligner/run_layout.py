@@ -47,6 +47,9 @@ def critic_checkpoint(run_dir: str | Path, step: int | None = None) -> Path | No
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
+# What the trainer wants its user to know while it runs ("waiting for reward server", a damaged checkpoint skipped):
+# one object per line, {"step", "level", "message", ...}; the worker relays each line as a job event.
+EVENTS_FILE = "events.jsonl"
 
 FINAL_POLICY_DIR = "final_policy"
 ADAPTER_DIR = "adapter"  # in a checkpoint, instead of "policy", with model.lora

@@ -8,7 +8,9 @@ call) and writes:
 - `Metric` rows, one per (step, name), upserted on the unique key: reading a file again never duplicates a row;
 - `Sample` rows, `index` counting within (step, split), upserted on (job, step, split, index);
 - `Checkpoint` rows for new complete checkpoint folders (rows of folders the trainer pruned are removed);
-- `Event` rows for the API's Server-Sent Events: `metrics` (the step's values), `samples` (a summary), `checkpoint`;
+- `Event` rows for the API's Server-Sent Events: `metrics` (the step's values), `samples` (a summary), `checkpoint`,
+  and `log` for each line of the trainer's `events.jsonl` (`{"message", "level", "step", ...}`) and for lines of
+  the three files that had to be skipped (not JSON objects with a step: the user learns their count);
 - `Job.step` and `Job.latest_reward`.
 
 Events are emitted only for steps not already in SQL when the ingestor was created, so following a run again
@@ -27,13 +29,15 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from aligner.run_layout import METRICS_FILE, SAMPLES_FILE, checkpoint_steps
+from aligner.run_layout import EVENTS_FILE, METRICS_FILE, SAMPLES_FILE, checkpoint_steps
 from webapp.db import Checkpoint, Job, Metric, Sample, add_event
 
 log = logging.getLogger(__name__)
 
 REWARD_METRIC = "train_rollouts/rewards"
 EXAMPLE_CHARS = 500  # prompt and response of the example in a `samples` event are cut to this length
+EVENT_MESSAGE_CHARS = 2000  # a trainer event's message is cut to this length
+EVENT_LEVELS = ("info", "warning", "error")
 
 
 class JsonlTail:
@@ -133,6 +137,9 @@ class RunIngestor:
         self.job_id, self.run_dir = job_id, Path(run_dir)
         self.metrics = JsonlTail(self.run_dir / METRICS_FILE)
         self.samples = JsonlTail(self.run_dir / SAMPLES_FILE)
+        self.events = JsonlTail(self.run_dir / EVENTS_FILE)
+        self.tails = (self.metrics, self.samples, self.events)
+        self.reported_bad_lines = {tail.path.name: 0 for tail in self.tails}
         self.sample_counts: dict[tuple[int, str], int] = defaultdict(int)
         # What SQL already holds: no event is emitted again for it.
         self.known_metric_steps = set(session.scalars(select(Metric.step).where(Metric.job_id == job_id).distinct()))
@@ -147,8 +154,8 @@ class RunIngestor:
     def snapshot(self) -> tuple:
         """The reading position, to `restore` when the transaction of a `poll` fails and is retried later."""
         return (
-            self.metrics.offset,
-            self.samples.offset,
+            [(tail.offset, tail.bad_lines) for tail in self.tails],
+            dict(self.reported_bad_lines),
             dict(self.sample_counts),
             set(self.known_metric_steps),
             set(self.known_sample_keys),
@@ -156,7 +163,10 @@ class RunIngestor:
         )
 
     def restore(self, state: tuple) -> None:
-        self.metrics.offset, self.samples.offset, counts, *known = state
+        positions, reported, counts, *known = state
+        for tail, (offset, bad_lines) in zip(self.tails, positions, strict=True):
+            tail.offset, tail.bad_lines = offset, bad_lines
+        self.reported_bad_lines = dict(reported)
         self.sample_counts = defaultdict(int, counts)
         self.known_metric_steps, self.known_sample_keys, self.known_checkpoints = known
 
@@ -165,7 +175,32 @@ class RunIngestor:
         steps = self._ingest_metrics(session, final)
         n_samples = self._ingest_samples(session, final)
         checkpoints = self._register_checkpoints(session)
-        return {"steps": steps, "samples": n_samples, "checkpoints": checkpoints}
+        events = self._relay_events(session, final)
+        self._report_bad_lines(session)
+        return {"steps": steps, "samples": n_samples, "checkpoints": checkpoints, "events": events}
+
+    # --------------------------------------------------------------------------------------------- events
+    def _relay_events(self, session: Session, final: bool) -> int:
+        lines, _ = self.events.read(final)
+        for line in lines:
+            level = line.get("level") if line.get("level") in EVENT_LEVELS else "info"
+            payload = {k: v for k, v in line.items() if isinstance(v, str | int | float | bool) and k != "level"}
+            payload = {k: _json_safe(v) if isinstance(v, float) else v for k, v in payload.items()}
+            message = _text(line.get("message", ""))[:EVENT_MESSAGE_CHARS]
+            add_event(session, self.job_id, "log", {**payload, "message": message, "level": level})
+        return len(lines)
+
+    def _report_bad_lines(self, session: Session) -> None:
+        """A job event for lines the tails had to skip since the last report: the user learns, not only the log."""
+        for tail in self.tails:
+            new = tail.bad_lines - self.reported_bad_lines[tail.path.name]
+            if new > 0:
+                self.reported_bad_lines[tail.path.name] = tail.bad_lines
+                message = (
+                    f"skipped {new} line(s) of {tail.path.name} that are not JSON objects with a step "
+                    f"({tail.bad_lines} in this run of the job); see the worker's log"
+                )
+                add_event(session, self.job_id, "log", {"message": message, "level": "warning"})
 
     # --------------------------------------------------------------------------------------------- metrics
     def _ingest_metrics(self, session: Session, final: bool) -> list[int]:

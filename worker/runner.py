@@ -57,7 +57,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from aligner.errors import ServerStartError
 from aligner.processes import die_with_parent, minimal_env, signal_group
-from aligner.run_layout import CRITIC_LOG, FINAL_POLICY_DIR, METRICS_FILE, SAMPLES_FILE, checkpoint_steps
+from aligner.run_layout import CRITIC_LOG, EVENTS_FILE, FINAL_POLICY_DIR, METRICS_FILE, SAMPLES_FILE, checkpoint_steps
 from aligner.trainers.run_log import truncate_after
 from webapp.db import (
     CANCELLED,
@@ -220,6 +220,7 @@ class JobRun:
                 (run_dir / name).unlink(missing_ok=True)
             else:
                 truncate_after(run_dir / name, resume_step)
+        (run_dir / EVENTS_FILE).unlink(missing_ok=True)  # relayed into SQL already: a launch's events start afresh
         job.run_dir, job.max_steps = str(run_dir), config.trainer.max_steps
         command = trainer_command(config_path, resume_step is not None, job.num_processes, settings.python)
         return Launch(run_dir, config_path, command, resume_step, resolved, critic)

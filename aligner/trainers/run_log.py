@@ -3,6 +3,8 @@
 - `metrics.jsonl`: one object per step, `{"step": 3, "train_rollouts/rewards": 0.41, ...}` (NeMo-Aligner names).
 - `samples.jsonl`: one object per sample, `{"step", "split", "prompt", "response", "reward", "kl", "advantage",
   "is_end"}`.
+- `events.jsonl`: what the user should hear about while the run goes on, `{"step", "level", "message", ...}` (the
+  service's worker relays each line as a job event; it starts the file afresh at each launch, having relayed it).
 Lines are flushed as they are written, so another process (the worker) can follow the files live. On resume,
 lines of steps after the checkpoint are dropped, so no step is ever written twice.
 """
@@ -16,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from aligner.run_layout import METRICS_FILE, SAMPLES_FILE
+from aligner.run_layout import EVENTS_FILE, METRICS_FILE, SAMPLES_FILE
 
 
 def truncate_after(path: Path, step: int) -> None:
@@ -51,6 +53,7 @@ class RunLog:
     def __init__(self, run_dir: Path, resume_step: int | None = None, enabled: bool = True):
         self.enabled = enabled
         self.metrics_path, self.samples_path = run_dir / METRICS_FILE, run_dir / SAMPLES_FILE
+        self.events_path = run_dir / EVENTS_FILE
         if not enabled:
             return
         for path in (self.metrics_path, self.samples_path):
@@ -69,6 +72,10 @@ class RunLog:
 
     def log_samples(self, rows: list[dict[str, Any]]) -> None:
         self._append(self.samples_path, rows)
+
+    def log_event(self, step: int, message: str, level: str = "info", **fields: Any) -> None:
+        """A line for the run's user (`level` info | warning | error), relayed by the service as a job event."""
+        self._append(self.events_path, [{"step": step, "level": level, "message": message, **fields}])
 
 
 class Timers:

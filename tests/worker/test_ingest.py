@@ -126,7 +126,7 @@ def test_reingesting_after_a_restart_duplicates_nothing(factory, tmp_path):
 
     # A new worker reads the same files from the start, then the trainer goes on.
     ingestor = new_ingestor(factory, job_id, tmp_path)
-    assert poll(factory, ingestor) == {"steps": [], "samples": 4, "checkpoints": []}
+    assert poll(factory, ingestor) == {"steps": [], "samples": 4, "checkpoints": [], "events": 0}
     assert (rows(factory, Metric.step, Metric.name, Metric.value), rows(factory, Sample.step, Sample.index)) == before
     assert len(events(factory, job_id)) == n_events
     with (tmp_path / "metrics.jsonl").open("a") as f:
@@ -199,3 +199,36 @@ def test_nul_characters_in_generated_text(factory, tmp_path):
     poll(factory, new_ingestor(factory, job_id, tmp_path))
     assert rows(factory, Sample.response) == [("a\ufffdb",)]
     assert events(factory, job_id, "samples")[0]["example"]["response"] == "a\ufffdb"
+
+
+def test_trainer_events_are_relayed_as_job_events(factory, tmp_path):
+    job_id = create_job(factory, {}, tmp_path)
+    from aligner.trainers.run_log import RunLog
+
+    RunLog(tmp_path).log_event(3, "waiting for reward server http://x", level="warning", waited_s=2.5)
+    with (tmp_path / "events.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 3, "level": "shout", "message": "m" * 5000, "nested": {"a": 1}}) + "\n")
+    ingestor = new_ingestor(factory, job_id, tmp_path)
+    assert poll(factory, ingestor)["events"] == 2
+    relayed = events(factory, job_id, "log")
+    assert relayed[0] == {
+        "step": 3, "message": "waiting for reward server http://x", "level": "warning", "waited_s": 2.5
+    }  # fmt: skip
+    assert relayed[1]["level"] == "info" and len(relayed[1]["message"]) == 2000 and "nested" not in relayed[1]
+    assert poll(factory, ingestor)["events"] == 0  # each line once
+
+
+def test_skipped_lines_are_counted_in_a_job_event(factory, tmp_path):
+    job_id = create_job(factory, {}, tmp_path)
+    (tmp_path / "metrics.jsonl").write_text(metric_line(0, 0.1) + "not json\n" + '{"no": "step"}\n')
+    ingestor = new_ingestor(factory, job_id, tmp_path)
+    poll(factory, ingestor)
+    warnings = [e for e in events(factory, job_id, "log") if e.get("level") == "warning"]
+    assert len(warnings) == 1 and "skipped 2 line(s) of metrics.jsonl" in warnings[0]["message"]
+    poll(factory, ingestor)  # nothing new: no second report
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write("{broken\n" + metric_line(1, 0.2))
+    poll(factory, ingestor)
+    warnings = [e for e in events(factory, job_id, "log") if e.get("level") == "warning"]
+    assert len(warnings) == 2 and "skipped 1 line(s)" in warnings[1]["message"]
+    assert "(3 in this run" in warnings[1]["message"]
