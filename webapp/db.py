@@ -1,8 +1,10 @@
 """SQL persistence of the training service, shared by the API (webapp/) and the worker (worker/).
 
 SQLAlchemy 2 models on PostgreSQL or SQLite; the schema is created and migrated by Alembic (`aligner db upgrade`,
-migrations/). The job state machine lives here, in `transition`, so every status change is checked in one place and
-leaves an event that the API streams (Server-Sent Events) to clients.
+migrations/). The job state machine lives here, in `transition`, so every status change is checked in one place,
+applied as one conditional UPDATE (`... WHERE id = :id AND status = :expected`: of two concurrent changes only one
+applies, the other raises TransitionConflict, a 409 over the API) and leaves an event that the API streams
+(Server-Sent Events).
 
     queued -> running -> succeeded | failed | cancelled        (cancelling between running and cancelled)
 """
@@ -34,10 +36,13 @@ from sqlalchemy import (
     create_engine,
     event,
     false,
+    func,
     select,
+    update,
 )
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.orm.attributes import set_committed_value
 
 from aligner.errors import AlignerError
 
@@ -114,6 +119,11 @@ class Job(Base):
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # When the job was last handed to the broker: a queued job no worker took for ALIGNER_REQUEUE_AFTER seconds is
+    # sent again (worker/recovery.py), so a message the broker lost never strands it.
+    queued_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    num_gpus: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    devices: Mapped[str | None] = mapped_column(String(200), nullable=True)  # the GPUs its run holds: "host:0,1"
     step: Mapped[int] = mapped_column(Integer, default=0)
     max_steps: Mapped[int] = mapped_column(Integer, default=0)
     latest_reward: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -310,20 +320,42 @@ class TransitionError(AlignerError, ValueError):
     """A status change the state machine does not allow (e.g. cancelling a finished job)."""
 
 
+class TransitionConflict(TransitionError):
+    """The job's status changed since it was read (another request or worker came first): nothing was applied."""
+
+
 def transition(session: Session, job: Job, status: str, **fields: Any) -> Event:
-    """Move `job` to `status` (checked against TRANSITIONS), set `fields`, and record a status event."""
-    if status not in TRANSITIONS.get(job.status, ()):
-        raise TransitionError(f"job {job.id} is {job.status}; it cannot become {status}")
+    """Move `job` from the status it was read with to `status` (checked against TRANSITIONS), set `fields`, and
+    record a status event: one `UPDATE ... WHERE status = <the status read>`, so a concurrent change makes this one
+    raise TransitionConflict instead of applying twice. `job` is kept in step without another write."""
+    expected = job.status
+    if status not in TRANSITIONS.get(expected, ()):
+        raise TransitionError(f"job {job.id} is {expected}; it cannot become {status}")
     now = utcnow()
-    job.status = status
-    if status == RUNNING and job.started_at is None:
-        job.started_at = now
+    values: dict[str, Any] = {"status": status}
+    if status == RUNNING:
+        values["started_at"] = job.started_at or now
     if status in FINAL_STATUSES:
-        job.finished_at = now
+        values["finished_at"] = now
     if status == QUEUED:
-        job.finished_at, job.error, job.cancel_requested = None, None, False
-    for key, value in fields.items():
-        setattr(job, key, value)
+        values.update(finished_at=None, error=None, cancel_requested=False, queued_at=now)
+    values.update(fields)
+    column_values = {**values}
+    if status == RUNNING:  # never overwrite a start time another writer set meanwhile
+        column_values["started_at"] = func.coalesce(Job.started_at, now)
+    applied = session.execute(
+        update(Job)
+        .where(Job.id == job.id, Job.status == expected)
+        .values(**column_values)
+        .execution_options(synchronize_session=False)
+    )
+    if applied.rowcount != 1:
+        current = session.scalar(select(Job.status).where(Job.id == job.id).execution_options(populate_existing=True))
+        raise TransitionConflict(
+            f"job {job.id} changed meanwhile: it is {current or 'deleted'} now, not {expected}; nothing was done"
+        )
+    for key, value in values.items():
+        set_committed_value(job, key, value)
     payload = {"status": status, "error": job.error, "step": job.step}
     return add_event(session, job.id, "status", payload)
 

@@ -15,6 +15,8 @@ from flask import current_app, request
 from webargs.core import parse_json
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from webapp.db import TransitionConflict
+
 # Where webargs found the input; dropped from the field names (`json.config.x` -> `config.x`).
 LOCATIONS = ("json", "query", "querystring", "form", "files", "form_and_files", "json_or_form", "headers", "view_args")
 
@@ -165,6 +167,14 @@ def init_app(app: APIFlask) -> None:
         problems = unstorable_strings(body)
         if problems:
             abort_fields(422, "Invalid text in the JSON body", problems)
+
+    # Two requests raced for one job's status (webapp.db.transition): the one that lost changed nothing.
+    @app.errorhandler(TransitionConflict)
+    def _transition_conflict(exc: TransitionConflict):
+        from webapp.extensions import db
+
+        db.session.rollback()
+        return app.error_callback(HTTPError(409, str(exc), extra_data={"errors": {}}))
 
     # Replaces APIFlask's handler of Werkzeug's exceptions, which drops what webargs attached (the JSON error).
     @app.errorhandler(HTTPException)

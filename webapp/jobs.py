@@ -1,8 +1,10 @@
 """Jobs: create, list, get, cancel, resume, retry (`/api/v1/jobs`).
 
 Every status change goes through `webapp.db.transition` (the state machine, which also records the event that
-`GET /jobs/{id}/events` streams). A job is queued through `app.extensions["aligner_queue"].enqueue(job_id)` after its
-row is committed, so the worker always finds it.
+`GET /jobs/{id}/events` streams): one conditional UPDATE, so of two concurrent requests (two cancels, two resumes)
+one applies and the other gets 409 with nothing changed. A job is queued through
+`app.extensions["aligner_queue"].enqueue(job_id)` after its row is committed, so the worker always finds it; when the
+broker cannot take it, the job stays queued and the workers' sweep sends it again (worker/recovery.py).
 
 - cancel: queued -> cancelled at once; running -> cancelling (cancel_requested; the worker stops at the next step,
   saves a checkpoint and makes it cancelled); cancelling -> unchanged; a finished job -> 409.
@@ -35,6 +37,7 @@ from webapp.db import (
     Sample,
     add_event,
     transition,
+    utcnow,
 )
 from webapp.errors import abort_fields
 from webapp.extensions import db
@@ -61,23 +64,22 @@ def run_dir_for(job_id: int) -> Path:
 
 
 def _enqueue(job: Job) -> None:
-    """Hand the committed job to the workers; if the queue fails, the job fails with the reason (503)."""
+    """Hand the committed job to the workers. A broker that is down does not lose it: the job stays queued (it is in
+    the database) and the workers' recovery sweep sends it again (ALIGNER_REQUEUE_AFTER); an event says so."""
     try:
         current_app.extensions["aligner_queue"].enqueue(job.id)
-    except Exception as err:  # the broker is down or refuses: say so rather than leave a job nobody runs
-        current_app.logger.exception("could not enqueue job %s", job.id)
-        job = get_job_or_404(job.id, lock=True)
-        if job.status == QUEUED:
-            transition(db.session, job, FAILED, error=f"could not enqueue the job: {err}")
-            db.session.commit()
-        abort_fields(503, f"job {job.id} could not be queued: {err}")
+    except Exception as err:
+        current_app.logger.warning("job %s: the broker did not take it (%s); the sweep sends it again", job.id, err)
+        message = f"the job queue did not take the job ({type(err).__name__}); it stays queued and is sent again"
+        add_event(db.session, job.id, "log", {"message": message, "level": "warning"})
+        db.session.commit()
 
 
 @bp.post("")
 @bp.auth_required(auth)
 @bp.input(JobIn, location="json")
 @bp.output(JobOut, status_code=201, description="The new job, queued.")
-@bp.doc(responses={413: "Request body too large", 503: "The job queue is unreachable"})
+@bp.doc(responses={413: "Request body too large"})
 def create_job(json_data):
     """Create a training job
 
@@ -104,8 +106,10 @@ def create_job(json_data):
         name=json_data["name"],
         kind=result.train.algorithm,
         status=QUEUED,
+        queued_at=utcnow(),
         config=config,
         num_processes=json_data["num_processes"],
+        num_gpus=json_data["num_gpus"],
         max_steps=result.train.trainer.max_steps,
     )
     db.session.add(job)
@@ -148,7 +152,7 @@ def get_job(job_id: int):
 @bp.post("/<int:job_id>/cancel")
 @bp.auth_required(auth)
 @bp.output(JobOut)
-@bp.doc(responses={409: "The job has already finished"})
+@bp.doc(responses={409: "The job has already finished, or another request changed it first"})
 def cancel_job(job_id: int):
     """Cancel a job
 
@@ -173,7 +177,7 @@ def cancel(job: Job) -> Job:
 @bp.post("/<int:job_id>/resume")
 @bp.auth_required(auth)
 @bp.output(JobOut)
-@bp.doc(responses={409: "The job is not finished, or has no checkpoint", 503: "The job queue is unreachable"})
+@bp.doc(responses={409: "The job is not finished, has no checkpoint, or another request changed it first"})
 def resume_job(job_id: int):
     """Resume a finished job from its newest checkpoint
 
@@ -195,7 +199,7 @@ def resume_job(job_id: int):
 @bp.post("/<int:job_id>/retry")
 @bp.auth_required(auth)
 @bp.output(JobOut)
-@bp.doc(responses={409: "The job is not failed or cancelled", 503: "The job queue is unreachable"})
+@bp.doc(responses={409: "The job is not failed or cancelled, or another request changed it first"})
 def retry_job(job_id: int):
     """Run a failed or cancelled job again from scratch
 
@@ -205,14 +209,14 @@ def retry_job(job_id: int):
     if job.status not in (FAILED, CANCELLED):
         abort_fields(409, f"job {job.id} is {job.status}: only a failed or cancelled job can be retried")
     check_active_jobs()
+    fresh = {"step": 0, "attempts": 0, "latest_reward": None, "started_at": None, "worker": None, "heartbeat_at": None}
+    transition(db.session, job, QUEUED, **fresh)  # first: a request that lost the race deletes nothing
     for model in (Metric, Sample, Checkpoint):
         db.session.execute(delete(model).where(model.job_id == job.id))
     runs = (Path(current_app.config["DATA_DIR"]) / "runs").resolve()
     run_dir = Path(job.run_dir).resolve()
     if run_dir.is_relative_to(runs) and run_dir != runs:  # only ever a folder the server made
-        shutil.rmtree(run_dir, ignore_errors=True)
-    fresh = {"step": 0, "attempts": 0, "latest_reward": None, "started_at": None, "worker": None, "heartbeat_at": None}
-    transition(db.session, job, QUEUED, **fresh)
+        shutil.rmtree(run_dir, ignore_errors=True)  # no worker has it yet: it is sent after the commit
     db.session.commit()
     _enqueue(job)
     return job

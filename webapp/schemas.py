@@ -12,6 +12,7 @@ from marshmallow import ValidationError
 from webapp.db import ALGORITHMS, MODEL_KINDS, SERVER_KINDS, STATUSES
 
 INT32_MAX = 2**31 - 1  # integer columns are 32-bit on PostgreSQL: larger ids and steps cannot exist
+MAX_GPUS_PER_JOB = 64
 MAX_PER_PAGE = 100
 SPLITS = ("train", "validation")
 
@@ -71,6 +72,15 @@ class JobIn(Schema):
         validate=Range(min=1, max=8),
         metadata={"description": "Training processes (data parallel) the worker starts."},
     )
+    num_gpus = Integer(
+        load_default=0,
+        strict=True,
+        validate=Range(min=0, max=MAX_GPUS_PER_JOB),
+        metadata={
+            "description": "GPUs the job needs (0: the CPU). A worker runs it once it holds that many of its devices "
+            "(ALIGNER_WORKER_GPUS), which no other job uses meanwhile; the trainer sees them as CUDA_VISIBLE_DEVICES."
+        },
+    )
 
 
 class JobOut(Schema):
@@ -85,6 +95,8 @@ class JobOut(Schema):
     config = Dict(keys=String(), required=True, metadata={"description": "The resolved config (every default)."})
     run_dir = String(required=True)
     num_processes = Integer(required=True)
+    num_gpus = Integer(required=True)
+    devices = String(allow_none=True, metadata={"description": "The GPUs its run holds, as host:ids."})
     created_at = UTCDateTime(required=True)
     started_at = UTCDateTime(allow_none=True)
     finished_at = UTCDateTime(allow_none=True)

@@ -1,12 +1,15 @@
 """The Celery application of the training service: one task, `aligner.run_job(job_id)` (worker/tasks.py).
 
-    celery -A worker.celery_app worker --pool=prefork --concurrency=1 --loglevel=INFO
+    celery -A worker.celery_app worker --pool=prefork --loglevel=INFO
 
-One job at a time per worker (the trainer uses the cores; start more workers on more machines). The broker is
-`ALIGNER_BROKER_URL` (default redis://127.0.0.1:6379/0), the queue `ALIGNER_QUEUE` (default `aligner`), the
-database `ALIGNER_DATABASE_URL` (webapp/db.py); broker, queue and task name are defined once in webapp/queues.py,
-whose `CeleryQueue` the API sends jobs with; the recovery sweep here re-sends with `enqueue_job(job_id)`. No result
-backend is used: the job's row in the database is the result.
+A CPU worker runs one job at a time (the trainer uses the cores; start more workers on more machines); a worker
+given GPUs (`ALIGNER_WORKER_GPUS=0,1,2,3`) runs up to one job per device at once, each on the devices it leased
+(worker/devices.py). The broker is `ALIGNER_BROKER_URL` (default redis://127.0.0.1:6379/0), the queue
+`ALIGNER_QUEUE` (default `aligner`), the database `ALIGNER_DATABASE_URL` (webapp/db.py); broker, queue and task name
+are defined once in webapp/queues.py, whose `CeleryQueue` the API sends jobs with; the recovery sweep here re-sends
+with `enqueue_job(job_id)`. No result backend is used: the job's row in the database is the result.
+
+A stopping worker (SIGTERM, warm shutdown) hands its jobs back: worker/shutdown.py.
 
 Delivery, as measured with Celery 5.7 and Redis:
 - `task_acks_late` + `worker_prefetch_multiplier=1`: a message is acknowledged when its job ends, and a worker
@@ -22,7 +25,8 @@ Delivery, as measured with Celery 5.7 and Redis:
 - Recovery from a lost worker therefore does not wait for the broker: every worker runs `requeue_stale_jobs()`
   (worker/recovery.py) when it is ready and then every `ALIGNER_SWEEP_INTERVAL` seconds in a background thread
   (Celery beat is not needed): a running job without a heartbeat for `ALIGNER_LEASE_TIMEOUT` seconds is re-queued
-  and resumes from its last checkpoint.
+  and resumes from its last checkpoint; a queued job that no worker took within `ALIGNER_REQUEUE_AFTER` seconds is
+  sent again (its message may have died with a broker that keeps nothing), see docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ import threading
 from celery import Celery, signals
 
 from webapp.queues import BROKER_URL, QUEUE, send_run_job
+from worker import shutdown
 from worker.processes import hide_from_children
-from worker.recovery import requeue_stale_jobs
+from worker.recovery import sweep
 from worker.settings import Settings
 
 VISIBILITY_TIMEOUT = int(os.environ.get("ALIGNER_VISIBILITY_TIMEOUT", 12 * 3600))
@@ -51,6 +56,8 @@ app.conf.update(
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
+    # One pool process per device the worker was given (each runs one job at a time); one without devices.
+    worker_concurrency=max(1, len(Settings.from_env().gpus)),
     broker_connection_retry_on_startup=True,
     # A short broker outage must not kill a training run: the job's lease in the database decides who runs it.
     worker_cancel_long_running_tasks_on_connection_loss=False,
@@ -76,8 +83,11 @@ def _sweep_once() -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
-        for job_id, status in requeue_stale_jobs(send=enqueue_job):
+        done = sweep(send=enqueue_job)
+        for job_id, status in done["recovered"]:
             log.warning("recovery sweep: job %d -> %s", job_id, status)
+        for job_id in done["resent"]:
+            log.warning("recovery sweep: queued job %d sent again", job_id)
     except SQLAlchemyError as err:  # database down or not migrated yet: one line, and try again later
         log.warning("recovery sweep failed, trying again later: %s", str(err).splitlines()[0])
     except Exception:  # nothing may end the sweeper
@@ -95,6 +105,19 @@ def _hide_from_trainers(**_kwargs) -> None:
     """The worker's processes (the main one, before its pool forks, and each pool process) are unreadable to the
     trainers they start (worker/processes.py `hide_from_children`)."""
     hide_from_children()
+
+
+@signals.worker_process_init.connect
+def _hand_back_on_sigterm(**_kwargs) -> None:
+    """A pool process told to stop hands its job back at the trainer's next step boundary (worker/shutdown.py)."""
+    shutdown.install_pool_handler()
+
+
+@signals.worker_shutting_down.connect
+def _stop_runs(sig=None, how=None, **_kwargs) -> None:
+    """Warm shutdown: the runs in this worker (solo pool) and in its pool processes hand their jobs back."""
+    log.warning("worker stopping (%s, %s): running jobs go back to the queue at their next step boundary", sig, how)
+    shutdown.stop_pool_processes()
 
 
 @signals.worker_ready.connect

@@ -61,7 +61,9 @@ class CriticServer:
         self.run_dir, self.proc, self.url = run_dir, proc, url
 
     @classmethod
-    def start(cls, run_dir: Path, plan: CriticPlan, timeout_s: float, owner: str) -> CriticServer:
+    def start(
+        cls, run_dir: Path, plan: CriticPlan, timeout_s: float, owner: str, env: dict[str, str] | None = None
+    ) -> CriticServer:
         """Start it and wait until its models are ready (aligner.errors.ServerStartError when it does not)."""
         proc, url = launch_critic_server(
             plan.model_path,
@@ -69,7 +71,7 @@ class CriticServer:
             checkpoint=plan.checkpoint,
             overrides=plan.overrides,
             timeout_s=timeout_s,
-            env=minimal_env(),
+            env=minimal_env(env),  # `env`: the job's CUDA_VISIBLE_DEVICES
             save_root=run_dir,
         )
         info = {"host": socket.gethostname(), "pgid": proc.pid, "url": url, "worker": owner}

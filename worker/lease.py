@@ -41,14 +41,16 @@ def lease_is_stale(settings: Settings) -> ColumnElement[bool]:
     return or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < stale_before)
 
 
+def runnable(settings: Settings) -> ColumnElement[bool]:
+    """SQL: a worker may take the job: it is queued, or running with a stale lease (its worker was lost)."""
+    return or_(Job.status == QUEUED, and_(Job.status == RUNNING, lease_is_stale(settings)))
+
+
 def take_lease(session: Session, job_id: int, owner: str, settings: Settings) -> bool:
     """The atomic UPDATE above; True when `owner` now holds the job's lease (not yet committed)."""
     result = session.execute(
         update(Job)
-        .where(
-            Job.id == job_id,
-            or_(Job.status == QUEUED, and_(Job.status == RUNNING, lease_is_stale(settings))),
-        )
+        .where(Job.id == job_id, runnable(settings))
         .values(worker=owner, heartbeat_at=utcnow(), attempts=Job.attempts + 1)
         .execution_options(synchronize_session=False)
     )

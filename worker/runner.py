@@ -47,11 +47,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -67,6 +69,7 @@ from webapp.db import (
     RUNNING,
     SUCCEEDED,
     Job,
+    TransitionConflict,
     add_event,
     session_scope,
     transition,
@@ -74,11 +77,13 @@ from webapp.db import (
 )
 from webapp.job_config import launch_config
 from worker.critic import CriticPlan, CriticServer, critic_plan
+from worker.devices import DeviceLease, acquire_devices
 from worker.ingest import RunIngestor, prune_after
-from worker.lease import holds_lease, lease_owner, renew_lease, renewing_lease, take_lease
+from worker.lease import holds_lease, lease_owner, renew_lease, renewing_lease, runnable, take_lease
 from worker.processes import kill_group, kill_leftover_critic, kill_leftover_trainer
 from worker.run_files import JOB_CONFIG_FILE, TRAIN_LOG_FILE, TRAINER_PID_FILE
 from worker.settings import Settings, session_factory
+from worker.shutdown import active_run, stop_requested
 
 log = logging.getLogger(__name__)
 
@@ -152,25 +157,58 @@ class Launch:
 class JobRun:
     """One run of one job by this worker, `owner` of its lease while it runs (the steps of this module's docstring)."""
 
-    def __init__(self, job_id: int, settings: Settings, factory: sessionmaker[Session], owner: str | None = None):
+    def __init__(
+        self,
+        job_id: int,
+        settings: Settings,
+        factory: sessionmaker[Session],
+        owner: str | None = None,
+        send: Callable[[int], Any] | None = None,
+    ):
         self.job_id, self.settings, self.factory = job_id, settings, factory
         self.owner = owner or lease_owner()
+        self.send = send  # hands a job back to the broker (the Celery task passes `enqueue_job`)
         self.proc: subprocess.Popen | None = None
         self.critic: CriticServer | None = None  # the critic server this run started, until it is stopped
+        self.devices = DeviceLease()  # the GPUs this run holds, until it ends
+        self.handing_back = False  # the worker is stopping: the job goes back to the queue when the trainer stops
 
     def result(self, outcome: str, **extra: Any) -> dict[str, Any]:
         return {"job_id": self.job_id, "outcome": outcome, "worker": self.owner, **extra}
 
     # ----------------------------------------------------------------------------------------------- start
     def start(self) -> tuple[Launch | None, dict[str, Any] | None]:
-        """Lease and prepare in one transaction: (launch, None), or (None, result) when there is nothing to run."""
+        """Devices, then lease and prepare in one transaction: (launch, None), or (None, result) when there is
+        nothing to run here now (the devices are released then)."""
+        stood_down = self.result("stood_down", reason="another worker holds a live lease, or not runnable")
+        with session_scope(self.factory) as session:
+            num_gpus = session.scalar(select(Job.num_gpus).where(Job.id == self.job_id, runnable(self.settings)))
+        if num_gpus is None:
+            return None, stood_down
+        devices = acquire_devices(self.settings.gpus, num_gpus, self.settings.device_lock_dir)
+        if devices is None:
+            return None, self.result("waiting_for_devices", num_gpus=num_gpus, devices=list(self.settings.gpus))
+        self.devices = devices
+        try:
+            launch, result = self._lease_and_prepare()
+        except TransitionConflict:  # the job changed under us (a cancel): the next message or sweep sees it anew
+            launch, result = None, stood_down
+        except BaseException:
+            self.devices.release()
+            raise
+        if launch is None:
+            self.devices.release()
+        return launch, result
+
+    def _lease_and_prepare(self) -> tuple[Launch | None, dict[str, Any] | None]:
         with session_scope(self.factory) as session:
             if not take_lease(session, self.job_id, self.owner, self.settings):
                 session.rollback()
-                return None, self.result("stood_down", reason="another worker holds a live lease, or not runnable")
+                return None, self.result("stood_down", reason="another worker holds a live lease")
             job = session.get(Job, self.job_id, populate_existing=True)
+            job.devices = self.devices.describe()
             if job.cancel_requested and job.status == QUEUED:
-                transition(session, job, CANCELLED)
+                transition(session, job, CANCELLED, devices=None)
                 return None, self.result(CANCELLED, reason="cancelled before it started")
             if job.status == QUEUED:
                 transition(session, job, RUNNING)
@@ -181,15 +219,16 @@ class JobRun:
             try:
                 launch = self._prepare(session, job)
             except (ValueError, OSError) as err:  # a bad stored config, an unusable run directory
-                transition(session, job, FAILED, error=f"cannot start the job: {err}")
+                transition(session, job, FAILED, error=f"cannot start the job: {err}", devices=None)
                 return None, self.result(FAILED, error=job.error)
             where = f"checkpoint step {launch.resume_step}" if launch.resume_step is not None else "the beginning"
+            on = f" with GPU {self.devices.visible_devices}" if self.devices.devices else ""
             add_event(
                 session,
                 job.id,
                 "log",
                 {
-                    "message": f"attempt {job.attempts} on {self.owner}: training from {where}",
+                    "message": f"attempt {job.attempts} on {self.owner}{on}: training from {where}",
                     "command": launch.command,
                 },
             )
@@ -227,6 +266,10 @@ class JobRun:
 
     # ----------------------------------------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
+        with active_run():
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         launch, done = self.start()
         if launch is None:
             log.info("job %d: %s", self.job_id, done)
@@ -238,6 +281,8 @@ class JobRun:
                 stopped = self._start_critic(launch)
                 if stopped is not None:
                     return stopped
+            if stop_requested():
+                return self._hand_back(launch, "the worker is stopping before the trainer started")
             with log_path.open("ab") as out:
                 out.write(f"\n=== {utcnow().isoformat()} worker {self.owner}: {' '.join(launch.command)}\n".encode())
                 out.flush()
@@ -247,7 +292,7 @@ class JobRun:
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    env=minimal_env({"PYTHONUNBUFFERED": "1"}),  # none of the worker's credentials
+                    env=minimal_env(self._job_env()),  # none of the worker's credentials
                     start_new_session=True,  # its own process group: signals reach the trainer and its children
                     preexec_fn=die_with_parent,
                 )
@@ -267,6 +312,11 @@ class JobRun:
                     pid_path.unlink()
             finally:
                 self._stop_critic(record=False)  # no critic server outlives its run either
+                self.devices.release()
+
+    def _job_env(self) -> dict[str, str]:
+        """What the job's processes get beyond `minimal_env`: exactly the GPUs this run holds (none: the CPU)."""
+        return {"PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": self.devices.visible_devices}
 
     # ----------------------------------------------------------------------------------------------- critic
     def _start_critic(self, launch: Launch) -> dict[str, Any] | None:
@@ -279,7 +329,9 @@ class JobRun:
         error = None
         with self._renewing_lease() as lease:
             try:
-                self.critic = CriticServer.start(launch.run_dir, plan, self.settings.critic_start_timeout, self.owner)
+                self.critic = CriticServer.start(
+                    launch.run_dir, plan, self.settings.critic_start_timeout, self.owner, self._job_env()
+                )
             except ServerStartError as err:
                 error = err
         if lease["lost"]:
@@ -343,8 +395,8 @@ class JobRun:
         with session_scope(self.factory) as session:
             ingestor = RunIngestor(session, self.job_id, launch.run_dir)
         last_renewal = time.monotonic()
-        cancel_at: float | None = None
-        killed = False
+        term_at: float | None = None  # when SIGTERM went to the trainer (a cancel, or this worker stopping)
+        cancelled = killed = False
         returncode = None
         ingested_after_exit = False
         while True:
@@ -357,15 +409,19 @@ class JobRun:
                         return self._lost_lease()
                     ingestor.poll(session, final=returncode is not None)
                     cancel = job.cancel_requested or job.status == CANCELLING
-                    if cancel and cancel_at is None and returncode is None:
-                        cancel_at = time.monotonic()
-                        signal_group(proc, signal.SIGTERM)
-                        add_event(
-                            session,
-                            self.job_id,
-                            "log",
-                            {"message": "cancel requested: the trainer stops at the next step boundary (checkpoint)"},
+                    if returncode is None and not cancelled and (cancel or (stop_requested() and term_at is None)):
+                        # a cancel overrides a hand-back under way: the job ends cancelled, not queued
+                        cancelled, self.handing_back = cancel, not cancel
+                        if term_at is None:
+                            term_at = time.monotonic()
+                            signal_group(proc, signal.SIGTERM)
+                        message = (
+                            "cancel requested: the trainer stops at the next step boundary (checkpoint)"
+                            if cancel
+                            else f"worker {self.owner} is stopping: the trainer stops at the next step boundary "
+                            "(checkpoint) and the job goes back to the queue"
                         )
+                        add_event(session, self.job_id, "log", {"message": message})
                 last_renewal = time.monotonic()
                 ingested_after_exit = returncode is not None
             except Exception as err:
@@ -379,35 +435,57 @@ class JobRun:
                     raise
             if ingested_after_exit:  # the trainer has exited and its last lines are in SQL
                 break
-            if cancel_at is not None and not killed and time.monotonic() - cancel_at > settings.cancel_grace:
+            if term_at is not None and not killed and time.monotonic() - term_at > settings.cancel_grace:
                 log.warning(
                     "job %d: trainer still alive %.0f s after SIGTERM: SIGKILL", self.job_id, settings.cancel_grace
                 )
                 killed = kill_group(proc.pid, signal.SIGKILL)
             time.sleep(settings.poll_interval)
         self._stop_critic()  # the trainer has ended: its critic server goes before the final status
-        return self._finish(launch, returncode, cancel_at is not None, killed, read_tail(log_path, log_start))
+        return self._finish(launch, returncode, killed, read_tail(log_path, log_start))
 
-    def _finish(self, launch: Launch, returncode: int, cancelled: bool, killed: bool, tail: str) -> dict[str, Any]:
+    def _finish(self, launch: Launch, returncode: int, killed: bool, tail: str) -> dict[str, Any]:
+        """Record how the run ended; a cancel or a worker racing with this write makes it look again."""
+        for _ in range(5):
+            try:
+                return self._record_end(launch, returncode, killed, tail)
+            except TransitionConflict as err:
+                log.info("job %d: %s; looking again", self.job_id, err)
+        return self._record_end(launch, returncode, killed, tail)
+
+    def _record_end(self, launch: Launch, returncode: int, killed: bool, tail: str) -> dict[str, Any]:
+        settings = self.settings
+        requeued = False
         with session_scope(self.factory) as session:
             job = session.get(Job, self.job_id, populate_existing=True)
             if not holds_lease(job, self.owner):
                 return self._lost_lease()
-            cancelled = cancelled or job.cancel_requested or job.status == CANCELLING
+            cancelled = job.cancel_requested or job.status == CANCELLING
             completed = returncode == 0 and job.step >= job.max_steps and (launch.run_dir / FINAL_POLICY_DIR).is_dir()
+            checkpoints = checkpoint_steps(launch.run_dir)
+            where = f"checkpoint step {max(checkpoints)}" if checkpoints else "the beginning"
+            signalled = returncode < 0 and -returncode in signal.valid_signals()
             if completed:
-                transition(session, job, SUCCEEDED, error=None)
+                transition(session, job, SUCCEEDED, error=None, devices=None)
             elif cancelled:
-                checkpoints = checkpoint_steps(launch.run_dir)
-                note = (
-                    f"stopped at step {max(checkpoints)} (checkpoint)"
-                    if checkpoints
-                    else "stopped before a checkpoint"
-                )
+                note = f"stopped at {where}" if checkpoints else "stopped before a checkpoint"
                 if killed:
-                    note += f"; killed {self.settings.cancel_grace:.0f} s after SIGTERM"
-                transition(session, job, CANCELLED, error=None)
+                    note += f"; killed {settings.cancel_grace:.0f} s after SIGTERM"
+                transition(session, job, CANCELLED, error=None, devices=None)
                 add_event(session, job.id, "log", {"message": f"cancelled: {note}"})
+            elif self.handing_back:
+                return self._hand_back(launch, f"worker {self.owner} stopped", session=session)
+            elif signalled and job.attempts < settings.max_attempts:
+                # Killed from outside (the OOM killer, an operator): worth another attempt from the last checkpoint;
+                # a trainer that raised an error exits with a status instead, and would only raise it again.
+                name = signal.Signals(-returncode).name
+                transition(session, job, QUEUED, worker=None, heartbeat_at=None, devices=None)
+                message = (
+                    f"the trainer was killed by signal {name} at step {job.step}; re-queued to resume from {where} "
+                    f"(attempt {job.attempts} of ALIGNER_MAX_ATTEMPTS={settings.max_attempts})"
+                )
+                add_event(session, job.id, "log", {"message": message, "level": "warning"})
+                requeued = True
             elif returncode == 0:
                 transition(
                     session,
@@ -416,12 +494,46 @@ class JobRun:
                     error=f"the trainer stopped at step {job.step} of {job.max_steps} without a cancel (was it sent "
                     f"SIGTERM from outside?); resume the job to continue\n\n--- last lines of {TRAIN_LOG_FILE} ---\n"
                     f"{tail}",
+                    devices=None,
                 )
             else:
-                transition(session, job, FAILED, error=failure_message(returncode, tail))
+                transition(session, job, FAILED, error=failure_message(returncode, tail), devices=None)
             status, error = job.status, job.error
+        if requeued:
+            self._send()
         log.info("job %d: %s (trainer exit status %s)", self.job_id, status, returncode)
         return self.result(status, returncode=returncode, error=error)
+
+    def _hand_back(self, launch: Launch, reason: str, session: Session | None = None) -> dict[str, Any]:
+        """The worker is stopping: the job goes back to the queue without counting an attempt, and the next worker
+        resumes it from its newest checkpoint. Its new message is sent after the commit."""
+        with session_scope(self.factory) if session is None else contextlib.nullcontext(session) as session:
+            job = session.get(Job, self.job_id, populate_existing=True)
+            if not holds_lease(job, self.owner):
+                return self._lost_lease()
+            if job.status == CANCELLING or job.cancel_requested:
+                transition(session, job, CANCELLED, error=None, devices=None)
+                add_event(session, job.id, "log", {"message": f"{reason} while the job was being cancelled"})
+                return self.result(CANCELLED)
+            checkpoints = checkpoint_steps(launch.run_dir)
+            where = f"checkpoint step {max(checkpoints)}" if checkpoints else "the beginning"
+            attempts = max(job.attempts - 1, 0)  # a deploy is not the job's fault
+            transition(session, job, QUEUED, worker=None, heartbeat_at=None, devices=None, attempts=attempts)
+            message = f"{reason}: the job went back to the queue and resumes from {where} (no attempt counted)"
+            add_event(session, job.id, "log", {"message": message})
+            session.commit()
+        self._send()
+        log.info("job %d: handed back to the queue (%s)", self.job_id, reason)
+        return self.result("handed_back", resume_from=where)
+
+    def _send(self) -> None:
+        """Send the job's message again; if the broker is away, the recovery sweep sends it later."""
+        if self.send is None:
+            return
+        try:
+            self.send(self.job_id)
+        except Exception as err:
+            log.warning("job %d: could not send it to the broker (%s); the recovery sweep will", self.job_id, err)
 
     def _lost_lease(self) -> dict[str, Any]:
         """Another worker took the job over (or it was deleted): stop the trainer, write nothing."""
@@ -455,8 +567,15 @@ class JobRun:
             log.exception("job %d: could not record the worker error", self.job_id)
 
 
-def run_job(job_id: int, settings: Settings | None = None, factory: sessionmaker[Session] | None = None) -> dict:
-    """Run job `job_id` to its end (or stand down); returns {"job_id", "outcome", ...}."""
+def run_job(
+    job_id: int,
+    settings: Settings | None = None,
+    factory: sessionmaker[Session] | None = None,
+    send: Callable[[int], Any] | None = None,
+) -> dict:
+    """Run job `job_id` to its end (or stand down, or hand it back); returns {"job_id", "outcome", ...}. `send`
+    puts a job back on the broker (a trainer killed from outside, a worker stopping); without it the recovery sweep
+    does, after ALIGNER_REQUEUE_AFTER seconds."""
     settings = settings or Settings.from_env()
     factory = factory or session_factory(settings.database_url)
-    return JobRun(int(job_id), settings, factory).run()
+    return JobRun(int(job_id), settings, factory, send=send).run()

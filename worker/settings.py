@@ -11,6 +11,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from webapp.db import DEFAULT_DATA_DIR, database_url, make_engine, make_session_factory
+from worker.devices import default_lock_dir, parse_devices
 
 
 def _env_float(name: str, default: float) -> float:
@@ -34,6 +35,12 @@ class Settings:
     # s between SIGTERM and SIGKILL when the critic server is stopped. Short: the trainer has saved the critic with
     # each checkpoint (critic_save) before it ends, and a PyTriton server takes 15-30 s to shut down cleanly.
     critic_stop_grace: float = 5.0
+    # s a queued job may go without a worker taking it before the sweep sends it to the broker again (a broker that
+    # restarted without its messages); a job that waits behind others gets a harmless duplicate message at worst.
+    requeue_after: float = 120.0
+    gpus: tuple[str, ...] = ()  # this worker's devices (ALIGNER_WORKER_GPUS=0,1,2,3): worker/devices.py
+    device_lock_dir: Path = field(default_factory=default_lock_dir)
+    device_wait: float = 15.0  # s before a job that found too few free devices here is offered again
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -49,6 +56,10 @@ class Settings:
             python=os.environ.get("ALIGNER_TRAINER_PYTHON") or sys.executable,
             critic_start_timeout=_env_float("ALIGNER_CRITIC_START_TIMEOUT", 300.0),
             critic_stop_grace=_env_float("ALIGNER_CRITIC_STOP_GRACE", 5.0),
+            requeue_after=_env_float("ALIGNER_REQUEUE_AFTER", 120.0),
+            gpus=parse_devices(os.environ.get("ALIGNER_WORKER_GPUS")),
+            device_lock_dir=Path(os.environ.get("ALIGNER_DEVICE_LOCK_DIR") or default_lock_dir()),
+            device_wait=_env_float("ALIGNER_DEVICE_WAIT", 15.0),
         )
 
 
