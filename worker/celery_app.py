@@ -107,12 +107,6 @@ def _hide_from_trainers(**_kwargs) -> None:
     hide_from_children()
 
 
-@signals.worker_process_init.connect
-def _hand_back_on_sigterm(**_kwargs) -> None:
-    """A pool process told to stop hands its job back at the trainer's next step boundary (worker/shutdown.py)."""
-    shutdown.install_pool_handler()
-
-
 @signals.worker_shutting_down.connect
 def _stop_runs(sig=None, how=None, **_kwargs) -> None:
     """Warm shutdown: the runs in this worker (solo pool) and in its pool processes hand their jobs back."""

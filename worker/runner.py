@@ -83,7 +83,7 @@ from worker.lease import holds_lease, lease_owner, renew_lease, renewing_lease, 
 from worker.processes import kill_group, kill_leftover_critic, kill_leftover_trainer
 from worker.run_files import JOB_CONFIG_FILE, TRAIN_LOG_FILE, TRAINER_PID_FILE
 from worker.settings import Settings, session_factory
-from worker.shutdown import active_run, stop_requested
+from worker.shutdown import handing_back_on_sigterm, stop_requested
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +266,7 @@ class JobRun:
 
     # ----------------------------------------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
-        with active_run():
+        with handing_back_on_sigterm():
             return self._run()
 
     def _run(self) -> dict[str, Any]:

@@ -5,7 +5,7 @@ Celery's warm shutdown waits for running tasks, but a training job can run for h
 (a prefork pool process) gets no signal of its own. So:
 - the main process, on `worker_shutting_down`, sets this process's flag and sends SIGTERM to its pool processes
   (its children in its own session: trainers, which run in sessions of their own, are left to their runners);
-- a pool process sets the flag on SIGTERM (`install_pool_handler`, from `worker_process_init`) instead of dying;
+- a pool process running a job sets the flag on SIGTERM (`handing_back_on_sigterm`) instead of dying;
 - a run that sees the flag (worker/runner.py) passes SIGTERM to its trainer, which stops at the step boundary with
   a checkpoint, and puts the job back in the queue without counting an attempt; the next worker resumes it there.
 """
@@ -23,7 +23,6 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _stop = threading.Event()
-_active_runs = 0  # runs in this process (worker/runner.py): with none, SIGTERM keeps its usual meaning
 
 
 def stop_requested() -> bool:
@@ -41,29 +40,23 @@ def reset() -> None:
 
 
 @contextlib.contextmanager
-def active_run() -> Iterator[None]:
-    """Marks a run in progress in this process (a SIGTERM then hands it back instead of ending the process)."""
-    global _active_runs
-    _active_runs += 1
+def handing_back_on_sigterm() -> Iterator[None]:
+    """While a run goes on in this process, SIGTERM asks it to hand its job back instead of ending the process (a pool
+    process's own handler, billiard's, is put back after the run: an idle pool process ends as usual). Signal
+    handlers belong to the main thread: elsewhere (a test's thread) nothing is installed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _handle(signum, _frame) -> None:
+        log.warning("signal %s: the running job goes back to the queue at its trainer's next step boundary", signum)
+        request_stop()
+
+    previous = signal.signal(signal.SIGTERM, _handle)
     try:
         yield
     finally:
-        _active_runs -= 1
-
-
-def install_pool_handler() -> None:
-    """In a pool process: SIGTERM asks the running job to hand itself back, rather than killing the process. An idle
-    pool process ends as usual (the pool itself terminates its processes with SIGTERM)."""
-
-    def _handle(signum, _frame) -> None:
-        request_stop()
-        if _active_runs == 0:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-        log.warning("signal %s: handing the running job back to the queue at its next step boundary", signum)
-
-    signal.signal(signal.SIGTERM, _handle)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def stop_pool_processes() -> list[int]:

@@ -129,6 +129,11 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def terminate(self, timeout: float = 60) -> int:
+        """SIGTERM the main process alone, as `docker stop` does, and wait for the worker to exit; its status."""
+        os.kill(self.proc.pid, signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
     def kill(self) -> None:
         """SIGKILL the worker's whole process group (main process and pool child), as a crash would."""
         os.killpg(self.proc.pid, signal.SIGKILL)
@@ -162,6 +167,7 @@ class Service:
             "ALIGNER_DATA_DIR": str(folder / "data"),
             "ALIGNER_LEASE_TIMEOUT": "3",
             "ALIGNER_SWEEP_INTERVAL": "1",
+            "ALIGNER_REQUEUE_AFTER": "3",
             "ALIGNER_CANCEL_GRACE": "20",
             "PYTHONPATH": str(ROOT),
             **env,

@@ -214,3 +214,49 @@ def test_a_two_process_job_cancels_at_one_checkpoint_and_leaves_no_rank(service,
     counts = metric_counts(service.factory, job_id)
     assert {step for step, _ in counts} == set(range(job.step + 1)) and set(counts.values()) == {1}
     assert not trainer_alive(tmp_path / "run")
+
+
+def test_a_queued_job_whose_message_was_lost_is_sent_again(service, job_config, tmp_path):
+    """A job committed as queued whose message never reached a worker (a broker restarted without it): a worker's
+    sweep sends it again once it has waited ALIGNER_REQUEUE_AFTER (3 s here), and it runs once."""
+    config = job_config(max_steps=2)
+    job_id = create_job(service.factory, config, tmp_path / "run", service.folder / "data", queued_at=utcnow())
+    job = service.wait_final(job_id, timeout=60)
+    assert (job.status, job.attempts) == ("succeeded", 1)
+    assert f"recovery sweep: queued job {job_id} sent again" in service.workers[0].log()
+    assert [e["status"] for e in events(service.factory, job_id, "status")] == ["running", "succeeded"]
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_worker_hands_its_job_back_at_a_checkpoint(pg_available, redis_url, job_config, tmp_path):
+    """`docker stop`: SIGTERM to the worker's main process only. Its pool process stops the trainer at the step
+    boundary with a checkpoint, the job goes back to the queue with no attempt counted, the worker exits, and the
+    next worker resumes the job at that step."""
+    schema = PgSchema()
+    service = Service(schema, redis_url, tmp_path)
+    try:
+        first = service.start_worker()
+        max_steps = 40
+        run_dir = tmp_path / "run"
+        config = job_config(max_steps=max_steps, save_interval=100, val_check_interval=100, reward=PACED)
+        job_id = service.submit(config, run_dir=run_dir)
+        wait_for(lambda: service.job(job_id).step >= 3, 90, "3 steps")
+        trainer_pid = json.loads((run_dir / "trainer.pid").read_text())["pid"]
+        assert first.terminate(timeout=60) == 0  # a warm shutdown that waited for the hand-back
+        job = service.job(job_id)
+        assert (job.status, job.attempts, job.worker) == ("queued", 0, None), job.error
+        stopped_at = job.step
+        assert stopped_at < max_steps and checkpoint_steps(service.factory, job_id) == [stopped_at]
+        assert not os.path.exists(f"/proc/{trainer_pid}")
+
+        service.start_worker()
+        job = service.wait_final(job_id, timeout=120)
+        assert (job.status, job.attempts, job.step) == ("succeeded", 1, max_steps), job.error
+        assert f"at step {stopped_at}" in (run_dir / "train.log").read_text().split("resumed from", 1)[1][:200]
+        counts = metric_counts(service.factory, job_id)
+        assert {step for step, _ in counts} == set(range(max_steps + 1)) and set(counts.values()) == {1}
+        statuses = [e["status"] for e in events(service.factory, job_id, "status")]
+        assert statuses == ["running", "queued", "running", "succeeded"]
+    finally:
+        service.close()
+        schema.drop()
