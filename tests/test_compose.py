@@ -21,16 +21,16 @@ def compose() -> dict:
 
 def test_services_volumes_and_healthchecks(compose):
     services = compose["services"]
-    assert {"postgres", "redis", "migrate", "reward", "worker", "api", "ui"} <= set(services)
-    for name in ("postgres", "redis", "reward", "api", "ui"):
+    assert {"postgres", "rabbitmq", "migrate", "reward", "worker", "api", "ui"} <= set(services)
+    for name in ("postgres", "rabbitmq", "reward", "api", "ui"):
         assert "healthcheck" in services[name], name
-    assert set(compose["volumes"]) >= {"data", "pgdata"}
+    assert set(compose["volumes"]) >= {"data", "pgdata", "rabbitmq"}
     for name in ("migrate", "worker", "api", "reward"):
         env = services[name]["environment"]
         assert env["ALIGNER_DATABASE_URL"].startswith("postgresql://")
-        assert env["ALIGNER_BROKER_URL"].startswith("redis://")
+        assert env["ALIGNER_BROKER_URL"].startswith("amqp://")
     assert services["api"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
-    assert services["worker"]["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert services["worker"]["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
     assert services["reward"]["depends_on"]["assets"]["condition"] == "service_completed_successfully"
 
 
@@ -40,3 +40,16 @@ def test_aligner_commands_parse(compose):
     assert len(commands) >= 2
     for cmd in commands:
         parser.parse_args(cmd[1:])  # exits (SystemExit) on an unknown command or flag
+
+
+def test_the_broker_keeps_queued_jobs_and_the_worker_may_hand_its_job_back(compose):
+    """A durable broker (its data on a volume, a fixed node name, no 30-minute ack timeout for long jobs) and a stop
+    grace longer than the trainer's (ALIGNER_CANCEL_GRACE, 60 s): SIGKILL never comes before the hand-back."""
+    services = compose["services"]
+    rabbitmq = services["rabbitmq"]
+    assert "rabbitmq:/var/lib/rabbitmq" in rabbitmq["volumes"] and rabbitmq["hostname"] == "rabbitmq"
+    timeout_ms = int(rabbitmq["environment"]["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"].split("consumer_timeout")[1])
+    assert timeout_ms >= 24 * 3600 * 1000
+    grace = services["worker"]["stop_grace_period"]
+    assert grace.endswith("m") and int(grace[:-1]) * 60 > 60 + 15
+    assert "--concurrency=1" not in services["worker"]["entrypoint"]  # one job per GPU when it has some

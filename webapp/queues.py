@@ -15,6 +15,25 @@ import os
 BROKER_URL = os.environ.get("ALIGNER_BROKER_URL", "redis://127.0.0.1:6379/0")
 QUEUE = os.environ.get("ALIGNER_QUEUE", "aligner")
 RUN_JOB_TASK = "aligner.run_job"
+# s a trainer gets after SIGTERM (a cancel, a stopping worker) to finish its step and checkpoint, before SIGKILL; a
+# worker's stop takes up to this long, so whatever stops a worker (compose, `aligner up`) waits longer.
+CANCEL_GRACE_S = float(os.environ.get("ALIGNER_CANCEL_GRACE") or 60.0)
+# s Redis waits before it hands an unacknowledged message out again, even while its job runs (the job's lease in the
+# database makes such a copy stand down); long, since training jobs are.
+VISIBILITY_TIMEOUT = int(os.environ.get("ALIGNER_VISIBILITY_TIMEOUT", 12 * 3600))
+
+
+def transport_options(broker_url: str) -> dict:
+    """Kombu's options for the broker: RabbitMQ confirms each published message (a send that returns was stored by
+    the broker: durable queue, persistent message); Redis restores the messages of lost workers every minute."""
+    if broker_url.startswith(("amqp://", "amqps://", "pyamqp://")):
+        return {"confirm_publish": True}
+    return {
+        "visibility_timeout": VISIBILITY_TIMEOUT,
+        # Scan for abandoned messages every minute (default: every 10 s x throttle 10).
+        "unacked_restore_interval": 60,
+        "unacked_restore_throttle": 1,
+    }
 
 
 def send_run_job(celery_app, job_id: int, queue: str | None = None) -> None:
@@ -37,7 +56,11 @@ class CeleryQueue:
             from celery import Celery
 
             self._celery = Celery("aligner", broker=BROKER_URL, set_as_current=False)
-            self._celery.conf.update(task_serializer="json", broker_connection_retry_on_startup=True)
+            self._celery.conf.update(
+                task_serializer="json",
+                broker_connection_retry_on_startup=True,
+                broker_transport_options=transport_options(BROKER_URL),
+            )
         send_run_job(self._celery, job_id, self.queue)
 
 

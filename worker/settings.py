@@ -11,6 +11,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from webapp.db import DEFAULT_DATA_DIR, database_url, make_engine, make_session_factory
+from webapp.queues import CANCEL_GRACE_S
 from worker.devices import default_lock_dir, parse_devices
 
 
@@ -27,7 +28,7 @@ class Settings:
     data_dir: Path = DEFAULT_DATA_DIR
     lease_timeout: float = 60.0  # s without a heartbeat after which a job's worker counts as lost
     poll_interval: float = 0.5  # s between two looks at the run directory (and heartbeats)
-    cancel_grace: float = 60.0  # s the trainer gets after SIGTERM to finish its step and checkpoint
+    cancel_grace: float = CANCEL_GRACE_S  # s the trainer gets after SIGTERM to finish its step and checkpoint
     sweep_interval: float = 15.0  # s between two recovery sweeps in a worker
     max_attempts: int = 3  # a job whose worker is lost this many times fails
     python: str = field(default_factory=lambda: sys.executable)  # interpreter that runs the trainer
@@ -50,7 +51,7 @@ class Settings:
             data_dir=data_dir,
             lease_timeout=_env_float("ALIGNER_LEASE_TIMEOUT", 60.0),
             poll_interval=_env_float("ALIGNER_POLL_INTERVAL", 0.5),
-            cancel_grace=_env_float("ALIGNER_CANCEL_GRACE", 60.0),
+            cancel_grace=_env_float("ALIGNER_CANCEL_GRACE", CANCEL_GRACE_S),
             sweep_interval=_env_float("ALIGNER_SWEEP_INTERVAL", 15.0),
             max_attempts=int(_env_float("ALIGNER_MAX_ATTEMPTS", 3)),
             python=os.environ.get("ALIGNER_TRAINER_PYTHON") or sys.executable,
