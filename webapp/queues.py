@@ -44,22 +44,22 @@ def send_run_job(celery_app, job_id: int, queue: str | None = None) -> None:
 class CeleryQueue:
     """Sends `aligner.run_job(job_id)` to the workers' broker and queue with JSON, as the workers expect.
 
-    Without `celery_app`, a sending-only Celery app for BROKER_URL is made on the first enqueue: the API starts,
-    and its tests run, without a broker.
+    Without `celery_app`, a sending-only Celery app for `broker_url` (default BROKER_URL) is made on the first
+    enqueue: the API starts, and its tests run, without a broker.
     """
 
-    def __init__(self, celery_app=None, queue: str | None = None):
-        self._celery, self.queue = celery_app, queue
+    def __init__(self, celery_app=None, queue: str | None = None, broker_url: str | None = None):
+        self._celery, self.queue, self.broker_url = celery_app, queue, broker_url or BROKER_URL
 
     def enqueue(self, job_id: int) -> None:
         if self._celery is None:
             from celery import Celery
 
-            self._celery = Celery("aligner", broker=BROKER_URL, set_as_current=False)
+            self._celery = Celery("aligner", broker=self.broker_url, set_as_current=False)
             self._celery.conf.update(
                 task_serializer="json",
                 broker_connection_retry_on_startup=True,
-                broker_transport_options=transport_options(BROKER_URL),
+                broker_transport_options=transport_options(self.broker_url),
             )
         send_run_job(self._celery, job_id, self.queue)
 

@@ -66,6 +66,13 @@ def redis_server_binary() -> str:
     )
 
 
+def redis_command(binary: str, port: int, folder: Path) -> list[str]:
+    """The embedded broker: local only; every write reaches its append-only file in `folder` before it is
+    answered, so a queued job's message outlives a restart, even a SIGKILL (no snapshots: the file is the state)."""
+    return [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+            "--appendfsync", "always", "--dir", str(folder)]  # fmt: skip
+
+
 @dataclass
 class Stack:
     data_dir: Path
@@ -135,10 +142,7 @@ class Stack:
             port = free_port()
             redis_dir = self.data_dir / "redis"
             redis_dir.mkdir(exist_ok=True)
-            # Every write to the append-only file before it is answered: a queued job's message outlives a restart.
-            cmd = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                   "--appendonly", "yes", "--appendfsync", "always", "--dir", str(redis_dir)]  # fmt: skip
-            self._spawn("redis", cmd)
+            self._spawn("redis", redis_command(redis_server_binary(), port, redis_dir))
             self._wait_until("redis", lambda: _port_open(port))
             broker = f"redis://127.0.0.1:{port}/0"
         self.env["ALIGNER_BROKER_URL"] = broker

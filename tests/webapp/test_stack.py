@@ -143,3 +143,40 @@ def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_di
     assert set(stack["pids"]) == {"reward_server", "worker", "api", "ui"} | ({"redis"} if own_redis else set())
     for name, pid in stack["pids"].items():
         assert _group_alive(pid) == [], f"{name} (process group {pid}) still running"
+
+
+def test_the_embedded_broker_keeps_a_queued_job_through_a_sigkill(tmp_path):
+    """`aligner up`'s own Redis (webapp.stack.redis_command) writes each message to its append-only file before it
+    answers: killed with SIGKILL and started again, it still holds the job's message."""
+    import redis
+
+    from aligner.processes import free_port
+    from webapp.queues import CeleryQueue
+    from webapp.stack import redis_command, redis_server_binary
+
+    port = free_port()
+    command = redis_command(redis_server_binary(), port, tmp_path)
+
+    def start() -> subprocess.Popen:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        client = redis.Redis(port=port, socket_connect_timeout=1)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.ping()
+                return proc
+            except redis.exceptions.RedisError:  # not listening yet, or still loading its file
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+
+    proc = start()
+    try:
+        CeleryQueue(queue="aligner", broker_url=f"redis://127.0.0.1:{port}/0").enqueue(7)
+        proc.kill()
+        proc.wait()
+        proc = start()
+        messages = redis.Redis(port=port).lrange("aligner", 0, -1)
+        assert [json.loads(m)["headers"]["argsrepr"] for m in messages] == ["[7]"]
+    finally:
+        proc.kill()
+        proc.wait()
