@@ -3,6 +3,9 @@
 import datetime as dt
 
 import pytest
+from sqlalchemy import select
+
+from tests.helpers.databases import database_url
 
 from webapp.db import (
     FAILED,
@@ -13,6 +16,7 @@ from webapp.db import (
     Base,
     Event,
     Job,
+    TransitionConflict,
     TransitionError,
     create_token,
     make_engine,
@@ -65,3 +69,36 @@ def test_tokens_are_stored_hashed_and_record_their_use_to_the_minute(factory):
         row.last_used_at = first - dt.timedelta(minutes=2)
         user_for_token(s, token)
         assert row.last_used_at > first - dt.timedelta(minutes=2)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_of_two_concurrent_transitions_only_one_applies(backend, tmp_path):
+    """Two sessions read the same queued job; both ask to cancel it. The second finds the status changed under it:
+    TransitionConflict, nothing written (one `cancelled` event), and its session can go on."""
+    with database_url(backend, tmp_path) as url:
+        engine = make_engine(url)
+        Base.metadata.create_all(engine)
+        factory = make_session_factory(engine)
+        with session_scope(factory) as s:
+            user = user_for_token(s, create_token(s, "alice"))
+            job = Job(user_id=user.id, name="j", config={}, status=QUEUED)
+            s.add(job)
+            s.flush()
+            job_id = job.id
+        first, second = factory(), factory()
+        try:
+            a, b = first.get(Job, job_id), second.get(Job, job_id)
+            assert a.status == b.status == QUEUED
+            transition(first, a, "cancelled", cancel_requested=True)
+            first.commit()
+            with pytest.raises(TransitionConflict, match="it is cancelled now, not queued"):
+                transition(second, b, "cancelled", cancel_requested=True)
+            second.rollback()
+        finally:
+            first.close()
+            second.close()
+        with session_scope(factory) as s:
+            events = s.scalars(select(Event.payload).where(Event.job_id == job_id, Event.kind == "status")).all()
+            assert [e["status"] for e in events] == ["cancelled"]
+            assert s.get(Job, job_id).finished_at is not None
+        engine.dispose()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sqlalchemy import func, select
@@ -165,3 +167,39 @@ def test_a_job_may_use_an_uploaded_dataset(client, token, config):
     config["data"] = {"train_dataset": dataset, "val_dataset": "p.jsonl"}  # by id, or by name
     job = create_job(client, token, config)
     assert job["config"]["data"] == {**job["config"]["data"], "train_dataset": dataset, "val_dataset": dataset}
+
+
+def status_events(db_session, job_id: int) -> list[str]:
+    with db_session() as session:
+        stmt = select(Event.payload).where(Event.job_id == job_id, Event.kind == "status").order_by(Event.id)
+        return [p["status"] for p in session.scalars(stmt)]
+
+
+def all_at_once(n: int, request) -> list[int]:
+    """`request()` from `n` threads released together; their status codes, sorted."""
+    barrier = threading.Barrier(n)
+
+    def go(_):
+        barrier.wait()
+        return request().status_code
+
+    with ThreadPoolExecutor(n) as pool:
+        return sorted(pool.map(go, range(n)))
+
+
+@both_backends
+def test_concurrent_resumes_and_cancels_apply_once(client, token, config, db_session, queue):
+    """Four resumes of one job at the same moment: one queues it (one event, one message), three get 409; then four
+    cancels: one cancels it, three get 409; the history says each once."""
+    job = create_job(client, token, config)
+    set_job(db_session, job["id"], status="failed", step=2)
+    with db_session() as session:
+        session.add(Checkpoint(job_id=job["id"], step=2, path="/x/step_000002"))
+    codes = all_at_once(4, lambda: client.post(f"/api/v1/jobs/{job['id']}/resume", headers=bearer(token)))
+    assert codes == [200, 409, 409, 409]
+    assert queue.job_ids == [job["id"], job["id"]]  # the create, and one resume
+    codes = all_at_once(4, lambda: client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=bearer(token)))
+    assert codes == [200, 409, 409, 409]
+    assert status_events(db_session, job["id"]) == ["queued", "queued", "cancelled"]
+    response = client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=bearer(token))
+    assert response.status_code == 409 and "already finished (cancelled)" in response.json["message"]
