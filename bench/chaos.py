@@ -1,0 +1,518 @@
+"""Chaos test of the training service: jobs submitted over the API finish exactly once, whatever restarts around them.
+
+    .venv/bin/python bench/chaos.py                       # 20 jobs, 2 workers, RabbitMQ, every fault (3-5 minutes)
+    .venv/bin/python bench/chaos.py --jobs 4 --steps 10 --reward-outage 5 --json     # the CI version (a slow test)
+    .venv/bin/python bench/chaos.py --broker redis        # Redis (append-only file) instead of RabbitMQ
+
+It starts a stack of its own: a fresh PostgreSQL schema (env ALIGNER_TEST_POSTGRES_URL, else
+postgresql://postgres@127.0.0.1:5432/test; dropped at the end), a private broker it can restart (a RabbitMQ node of
+its own on a free port with its data in a temp folder, or `redis-server` with an append-only file), a reward server
+(`aligner serve-reward` with a paced rule reward, so steps last long enough for faults to land in them), the REST API
+and `--workers` Celery workers. It registers a tiny policy, the reward server and two datasets in the catalogue
+through the API as an admin, submits `--jobs` REINFORCE jobs through the API, and while they run, each once a job is
+past step 2:
+
+    sigkill-worker   SIGKILL a worker's process group (a crash), start a new worker
+    sigterm-worker   SIGTERM a worker's main process only (a deploy, `docker stop`), start a new one when it exited
+    restart-broker   stop the broker and start it again on its data
+    kill-trainer     SIGKILL the trainer of a running job (the OOM killer)
+    reward-outage    stop the reward server for `--reward-outage` seconds (default 30), then start it again
+
+At the end it checks, from the database: every job succeeded, with exactly one `succeeded` status event; each
+(job, step, metric) row exists once; every job has its `train_rollouts/rewards` at every step 1..max_steps. It prints
+what it did and the counts; `--json` ends with one JSON line with the keys `jobs`, `succeeded_once`,
+`duplicate_metric_rows`, `missing_steps`, `faults` (and `wall_s`, `broker`, `attempts`, `handed_back`, `requeued`).
+The exit status is 0 only when every check holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(Path(__file__).parent)]
+
+from api_load import postgres_schema  # noqa: E402  (bench/, next to this file)
+
+from aligner.processes import free_port  # noqa: E402
+
+POSTGRES_URL = os.environ.get("ALIGNER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+REWARD_METRIC = "train_rollouts/rewards"
+PROMPTS = ["tell me about the cat.", "describe the dog.", "a bird", "the old river", "the sea", "a song"]
+CORPUS = [p + " it is a fine day. the cat and the dog sing by the river and the sea." for p in PROMPTS] * 20
+START_TIMEOUT_S = 90
+FAULTS = ("sigkill-worker", "sigterm-worker", "restart-broker", "kill-trainer", "reward-outage")
+
+
+def paced_reward(prompts: list[str], responses: list[str]) -> list[float]:
+    """The reward server's function: counts of 'e', at least 50 ms a batch (steps long enough to be interrupted)."""
+    time.sleep(0.05)
+    return [(len(r) % 7) / 7 + r.count("e") for r in responses]
+
+
+def say(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------- processes
+class Child:
+    """A process of the stack in its own session, its output in LOGS/<name>.log."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str], logs: Path):
+        self.name, self.command, self.env, self.logs = name, command, env, logs
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Child:
+        with (self.logs / f"{self.name}.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        return self
+
+    def log(self) -> str:
+        path = self.logs / f"{self.name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, grace: float = 20) -> None:
+        if self.proc is None:
+            return
+        self.signal_group(signal.SIGTERM)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+        self.signal_group(signal.SIGKILL)
+        self.proc.wait()
+
+
+def wait_until(check, timeout: float, what: str, child: Child | None = None, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child is not None and not child.alive():
+            raise RuntimeError(f"{child.name} exited ({child.proc.returncode}):\n{child.log()[-3000:]}")
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def http_ok(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+class Broker:
+    """A broker this benchmark owns: RabbitMQ (a node of its own) or Redis (append-only file); `restart()` keeps
+    its data, as a real broker restart does."""
+
+    def __init__(self, kind: str, folder: Path, logs: Path):
+        self.kind, self.port = kind, free_port()
+        folder.mkdir(parents=True)
+        env = dict(os.environ)
+        if kind == "rabbitmq":
+            folder.chmod(0o777)  # the node may run as the rabbitmq user
+            node = f"chaos{self.port}@localhost"
+            env.update(
+                RABBITMQ_NODENAME=node, RABBITMQ_NODE_PORT=str(self.port), RABBITMQ_DIST_PORT=str(free_port()),
+                RABBITMQ_MNESIA_BASE=str(folder / "mnesia"), RABBITMQ_LOG_BASE=str(folder / "log"),
+                RABBITMQ_ENABLED_PLUGINS_FILE=str(folder / "plugins"), RABBITMQ_PID_FILE=str(folder / "pid"),
+                RABBITMQ_FEATURE_FLAGS_FILE=str(folder / "feature_flags"),
+                RABBITMQ_PLUGINS_EXPAND_DIR=str(folder / "plugins_expand"), RABBITMQ_CONFIG_FILE=str(folder / "rabbitmq"),
+                # as docker-compose.yml: a job's message stays unacknowledged while it trains
+                RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-rabbit consumer_timeout 604800000",
+            )  # fmt: skip
+            script = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+            command = [str(script if script.exists() else shutil.which("rabbitmq-server") or "rabbitmq-server")]
+            self.url = f"amqp://guest:guest@127.0.0.1:{self.port}//"
+        else:
+            from webapp.stack import redis_command, redis_server_binary
+
+            command = redis_command(redis_server_binary(), self.port, folder)
+            self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.child = Child("broker", command, env, logs)
+
+    def start(self) -> None:
+        self.child.start()
+        wait_until(lambda: port_open(self.port), START_TIMEOUT_S, f"{self.kind} to listen", self.child)
+
+    def stop(self) -> None:
+        self.child.stop(grace=30)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+# ------------------------------------------------------------------------------------------------- the stack
+class Stack:
+    def __init__(self, args, folder: Path, database_url: str):
+        self.args, self.folder, self.database_url = args, folder, database_url
+        self.logs = folder / "logs"
+        self.logs.mkdir(parents=True)
+        self.data_dir = folder / "data"
+        self.queue = f"chaos-{uuid.uuid4().hex[:8]}"
+        self.broker = Broker(args.broker, folder / "broker", self.logs)
+        self.reward_port = free_port(3)
+        self.api_port = free_port()
+        self.api = f"http://127.0.0.1:{self.api_port}/api/v1"
+        self.workers: list[Child] = []
+        self.worker_count = 0
+        self.reward: Child | None = None
+        self.api_child: Child | None = None
+        self.token = ""
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLASK_")}
+        env.update(
+            ALIGNER_DATABASE_URL=self.database_url, ALIGNER_BROKER_URL=self.broker.url, ALIGNER_QUEUE=self.queue,
+            ALIGNER_DATA_DIR=str(self.data_dir), ALIGNER_LEASE_TIMEOUT="6", ALIGNER_SWEEP_INTERVAL="1",
+            ALIGNER_REQUEUE_AFTER="10", ALIGNER_CANCEL_GRACE="20", ALIGNER_MAX_ATTEMPTS="6", PYTHONUNBUFFERED="1",
+            PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        )  # fmt: skip
+        return env
+
+    def start(self) -> None:
+        from webapp import migrate
+        from webapp.db import create_token, make_engine, make_session_factory, session_scope
+
+        migrate.upgrade(self.database_url, configure_logger=False)
+        engine = make_engine(self.database_url)
+        with session_scope(make_session_factory(engine)) as session:
+            self.token = create_token(session, "chaos", "bench/chaos.py", admin=True)
+        engine.dispose()
+        say(f"database {self.database_url.split('?')[0]} (schema of its own); starting {self.args.broker}")
+        self.broker.start()
+        self.start_reward_server()
+        command = [sys.executable, "-m", "flask", "--app", "webapp", "run", "--with-threads", "--no-reload",
+                   "--no-debugger", "--host", "127.0.0.1", "--port", str(self.api_port)]  # fmt: skip
+        self.api_child = Child("api", command, self.env(), self.logs).start()
+        wait_until(lambda: http_ok(f"{self.api}/health"), START_TIMEOUT_S, "the API", self.api_child)
+        for _ in range(self.args.workers):
+            self.start_worker()
+
+    def start_reward_server(self) -> None:
+        command = [sys.executable, "-m", "aligner.cli", "serve-reward", "--function", "bench.chaos:paced_reward",
+                   "--port", str(self.reward_port)]  # fmt: skip
+        self.reward = Child("reward", command, self.env(), self.logs).start()
+        url = f"http://127.0.0.1:{self.reward_port}/v2/health/ready"
+        wait_until(lambda: http_ok(url), START_TIMEOUT_S, "the reward server", self.reward)
+
+    def start_worker(self) -> Child:
+        name = f"chaos{self.worker_count}"
+        self.worker_count += 1
+        command = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "--pool=prefork",
+                   "--concurrency=1", "-Q", self.queue, "-n", f"{name}@%h", "--without-mingle", "--without-gossip",
+                   "--loglevel=INFO"]  # fmt: skip
+        worker = Child(name, command, self.env(), self.logs).start()
+        wait_until(lambda: " ready." in worker.log(), START_TIMEOUT_S, f"worker {name}", worker)
+        self.workers.append(worker)
+        return worker
+
+    def stop(self) -> None:
+        for child in [*self.workers, self.api_child, self.reward]:
+            if child is not None:
+                child.stop()
+        self.broker.stop()
+
+    # --------------------------------------------------------------------------------------------- API
+    def call(self, method: str, path: str, **kwargs) -> requests.Response:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        return requests.request(method, f"{self.api}{path}", headers=headers, timeout=60, **kwargs)
+
+    def register(self, policy_dir: Path) -> dict:
+        """The policy, the reward server and the prompts in the catalogue, as the admin would; the datasets' ids."""
+        body = {"name": "chaos-policy", "path": str(policy_dir), "kind": "policy"}
+        expect(self.call("POST", "/catalogue/models", json=body), 201)
+        body = {"name": "chaos-reward", "url": f"http://127.0.0.1:{self.reward_port}", "kind": "reward"}
+        expect(self.call("POST", "/catalogue/servers", json=body), 201)
+        text = "".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS).encode()
+        ids = {}
+        for split in ("train", "val"):
+            files = {"file": (f"chaos-{split}.jsonl", text)}
+            ids[split] = expect(self.call("POST", "/datasets", files=files, data={"name": f"chaos-{split}"}), 201)[
+                "id"
+            ]
+        return ids
+
+    def submit(self, datasets: dict, index: int) -> int:
+        config = {
+            "model": {"policy": "chaos-policy", "num_threads": 1},
+            "data": {"train_dataset": datasets["train"], "val_dataset": datasets["val"]},
+            "reward": {"server": "chaos-reward"},
+            "generation": {"max_new_tokens": 8, "compile": False},
+            "reinforce": {"num_prompts_per_step": 4, "num_rollouts_per_prompt": 2},
+            "optim": {"lr": 1e-3, "warmup_steps": 1, "micro_batch_size": 8},
+            "trainer": {"max_steps": self.args.steps, "save_interval": 2, "val_check_interval": 1000},
+        }
+        return expect(self.call("POST", "/jobs", json={"name": f"chaos {index}", "config": config}), 201)["id"]
+
+
+def expect(response: requests.Response, status: int) -> dict:
+    if response.status_code != status:
+        raise RuntimeError(f"{response.request.method} {response.url}: {response.status_code} {response.text[:500]}")
+    return response.json()
+
+
+def build_policy(folder: Path) -> Path:
+    """A ~100k-parameter Llama and a byte-level BPE tokenizer (bench/workload.py's), saved as a Hugging Face folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from workload import bpe_tokenizer
+
+    tokenizer = bpe_tokenizer(CORPUS, vocab_size=300)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+# ------------------------------------------------------------------------------------------------- faults
+class Chaos:
+    def __init__(self, stack: Stack, factory, job_ids: list[int]):
+        self.stack, self.factory, self.job_ids = stack, factory, job_ids
+        self.started = time.monotonic()
+        self.faults: list[dict] = []
+
+    def note(self, fault: str, detail: str) -> None:
+        self.faults.append({"fault": fault, "at_s": round(time.monotonic() - self.started, 1), "detail": detail})
+        say(f"fault {fault}: {detail}")
+
+    def running_job(self, min_step: int = 2, timeout: float = 120):
+        """A running job past `min_step` (its id and run folder), or None when none comes within `timeout`."""
+        from sqlalchemy import select
+
+        from webapp.db import FINAL_STATUSES, RUNNING, Job, session_scope
+
+        def find():
+            with session_scope(self.factory) as session:
+                row = session.execute(
+                    select(Job.id, Job.run_dir, Job.worker)
+                    .where(Job.id.in_(self.job_ids), Job.status == RUNNING, Job.step >= min_step)
+                    .order_by(Job.id)
+                ).first()
+                unfinished = session.scalar(
+                    select(Job.id).where(Job.id.in_(self.job_ids), Job.status.not_in(FINAL_STATUSES)).limit(1)
+                )
+            return row or ("all done" if unfinished is None else None)
+
+        try:
+            found = wait_until(find, timeout, "a running job", interval=0.2)
+        except RuntimeError:
+            return None
+        return None if found == "all done" else found
+
+    def worker_of(self, lease_owner: str | None) -> Child | None:
+        """The worker whose pool process holds this lease (`host:pid:token`), else any live worker."""
+        pid = int(lease_owner.split(":")[1]) if lease_owner else None
+        for worker in self.stack.workers:
+            if worker.alive() and pid is not None and str(pid) in worker.log():
+                return worker
+        return next((w for w in self.stack.workers if w.alive()), None)
+
+    def run(self, faults: list[str], outage: float) -> None:
+        for fault in faults:
+            job = self.running_job()
+            if job is None:
+                say(f"no job running past step 2 any more: {fault} skipped")
+                continue
+            job_id, run_dir, owner = job
+            getattr(self, fault.replace("-", "_"))(job_id, Path(run_dir), owner, outage)
+            time.sleep(2)
+
+    def sigkill_worker(self, job_id, run_dir, owner, outage) -> None:
+        worker = self.worker_of(owner)
+        worker.signal_group(signal.SIGKILL)
+        worker.proc.wait()
+        self.stack.workers.remove(worker)
+        self.note("sigkill-worker", f"{worker.name} (running job {job_id}) killed; a new worker starts")
+        self.stack.start_worker()
+
+    def sigterm_worker(self, job_id, run_dir, owner, outage) -> None:
+        worker = self.worker_of(owner)
+        os.kill(worker.proc.pid, signal.SIGTERM)
+        began = time.monotonic()
+        status = worker.proc.wait(120)
+        self.stack.workers.remove(worker)
+        self.note(
+            "sigterm-worker",
+            f"{worker.name} (running job {job_id}) exited {status} {time.monotonic() - began:.1f} s after SIGTERM",
+        )
+        self.stack.start_worker()
+
+    def restart_broker(self, job_id, run_dir, owner, outage) -> None:
+        began = time.monotonic()
+        self.stack.broker.restart()
+        self.note("restart-broker", f"{self.stack.args.broker} down and up again in {time.monotonic() - began:.1f} s")
+
+    def kill_trainer(self, job_id, run_dir, owner, outage) -> None:
+        try:
+            pid = json.loads((run_dir / "trainer.pid").read_text())["pid"]
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError, KeyError) as err:
+            self.note("kill-trainer", f"job {job_id}: no trainer to kill ({err})")
+            return
+        self.note("kill-trainer", f"job {job_id}: trainer pid {pid} SIGKILLed")
+
+    def reward_outage(self, job_id, run_dir, owner, outage) -> None:
+        self.stack.reward.stop()
+        self.note("reward-outage", f"reward server stopped for {outage:g} s (job {job_id} was at step 2+)")
+        time.sleep(outage)
+        self.stack.start_reward_server()
+        say("reward server back")
+
+
+# ------------------------------------------------------------------------------------------------- checks
+def verify(factory, job_ids: list[int], steps: int) -> dict:
+    from sqlalchemy import func, select
+
+    from webapp.db import SUCCEEDED, Event, Job, Metric, session_scope
+
+    with session_scope(factory) as session:
+        jobs = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(job_ids)))}
+        status_events = session.execute(
+            select(Event.job_id, Event.payload).where(Event.job_id.in_(job_ids), Event.kind == "status")
+        ).all()
+        logs = session.scalars(select(Event.payload).where(Event.job_id.in_(job_ids), Event.kind == "log")).all()
+        counts = session.execute(
+            select(Metric.job_id, Metric.step, Metric.name, func.count())
+            .where(Metric.job_id.in_(job_ids))
+            .group_by(Metric.job_id, Metric.step, Metric.name)
+        ).all()
+    succeeded_events = {job_id: 0 for job_id in job_ids}
+    for job_id, payload in status_events:
+        if payload.get("status") == SUCCEEDED:
+            succeeded_events[job_id] += 1
+    succeeded_once = sum(1 for j in job_ids if jobs[j].status == SUCCEEDED and succeeded_events[j] == 1)
+    duplicates = sum(n - 1 for *_, n in counts if n > 1)
+    have = {(job_id, step) for job_id, step, name, _ in counts if name == REWARD_METRIC}
+    missing = sum(1 for j in job_ids for step in range(1, steps + 1) if (j, step) not in have)
+    messages = [p.get("message", "") for p in logs]
+    return {
+        "jobs": len(job_ids),
+        "succeeded_once": succeeded_once,
+        "duplicate_metric_rows": duplicates,
+        "missing_steps": missing,
+        "attempts": sum(jobs[j].attempts for j in job_ids),
+        "handed_back": sum("went back to the queue" in m for m in messages),
+        "requeued": sum("re-queued" in m for m in messages),
+        "not_succeeded": {
+            j: f"{jobs[j].status}: {(jobs[j].error or '')[:300]}" for j in job_ids if jobs[j].status != SUCCEEDED
+        },  # fmt: skip
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=16, help="max_steps of each job")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--broker", choices=("rabbitmq", "redis"), default="rabbitmq")
+    parser.add_argument("--reward-outage", type=float, default=30, help="seconds the reward server is away")
+    parser.add_argument("--faults", default=",".join(FAULTS), help=f"which, in order (default {','.join(FAULTS)})")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds for all jobs to end after the faults")
+    parser.add_argument("--database-url", default=POSTGRES_URL, help="PostgreSQL server (a schema of its own)")
+    parser.add_argument("--keep", action="store_true", help="keep the temp folder (logs, run folders)")
+    parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    args = parser.parse_args()
+    faults = [f for f in args.faults.split(",") if f]
+    unknown = set(faults) - set(FAULTS)
+    if unknown:
+        parser.error(f"unknown faults {sorted(unknown)}; choose from {FAULTS}")
+
+    from sqlalchemy import select
+
+    from webapp.db import FINAL_STATUSES, Job, make_engine, make_session_factory, session_scope
+
+    folder = Path(tempfile.mkdtemp(prefix="aligner-chaos-"))
+    began = time.monotonic()
+    with ExitStack() as cleanup:
+        if not args.keep:
+            cleanup.callback(shutil.rmtree, folder, True)
+        database_url = cleanup.enter_context(postgres_schema(args.database_url))
+        stack = Stack(args, folder, database_url)
+        cleanup.callback(stack.stop)
+        stack.start()
+        engine = make_engine(database_url)
+        cleanup.callback(engine.dispose)
+        factory = make_session_factory(engine)
+        datasets = stack.register(build_policy(folder / "policy"))
+        job_ids = [stack.submit(datasets, i) for i in range(args.jobs)]
+        say(f"{len(job_ids)} jobs submitted ({args.steps} steps each) to {args.workers} workers")
+        chaos = Chaos(stack, factory, job_ids)
+        chaos.run(faults, args.reward_outage)
+
+        def all_final():
+            with session_scope(factory) as session:
+                statuses = session.scalars(select(Job.status).where(Job.id.in_(job_ids))).all()
+            return all(s in FINAL_STATUSES for s in statuses)
+
+        try:
+            wait_until(all_final, args.timeout, "every job to end", interval=1)
+        except RuntimeError as err:
+            say(str(err))
+        result = verify(factory, job_ids, args.steps)
+        result.update(faults=chaos.faults, wall_s=round(time.monotonic() - began, 1), broker=args.broker)
+        if args.keep:
+            say(f"kept {folder}")
+
+    print(f"\n{'fault':<16} {'at (s)':>7}  detail")
+    for fault in result["faults"]:
+        print(f"{fault['fault']:<16} {fault['at_s']:>7.1f}  {fault['detail']}")
+    print(
+        f"\njobs {result['jobs']}, succeeded exactly once {result['succeeded_once']}, duplicate metric rows "
+        f"{result['duplicate_metric_rows']}, missing steps {result['missing_steps']}; attempts {result['attempts']}, "
+        f"handed back {result['handed_back']}, re-queued {result['requeued']}; {result['wall_s']:.0f} s "
+        f"({args.broker})"
+    )
+    for job_id, why in result["not_succeeded"].items():
+        print(f"job {job_id} did not succeed: {why}")
+    if args.json:
+        print(json.dumps(result))
+    ok = (
+        result["succeeded_once"] == result["jobs"]
+        and result["duplicate_metric_rows"] == 0
+        and result["missing_steps"] == 0
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
