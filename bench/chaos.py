@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 
 import requests
@@ -90,19 +90,15 @@ class Child:
         return self.proc is not None and self.proc.poll() is None
 
     def signal_group(self, sig: int) -> None:
-        try:
+        with suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def stop(self, grace: float = 20) -> None:
         if self.proc is None:
             return
         self.signal_group(signal.SIGTERM)
-        try:
+        with suppress(subprocess.TimeoutExpired):
             self.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
         self.signal_group(signal.SIGKILL)
         self.proc.wait()
 
@@ -150,7 +146,8 @@ class Broker:
                 RABBITMQ_MNESIA_BASE=str(folder / "mnesia"), RABBITMQ_LOG_BASE=str(folder / "log"),
                 RABBITMQ_ENABLED_PLUGINS_FILE=str(folder / "plugins"), RABBITMQ_PID_FILE=str(folder / "pid"),
                 RABBITMQ_FEATURE_FLAGS_FILE=str(folder / "feature_flags"),
-                RABBITMQ_PLUGINS_EXPAND_DIR=str(folder / "plugins_expand"), RABBITMQ_CONFIG_FILE=str(folder / "rabbitmq"),
+                RABBITMQ_PLUGINS_EXPAND_DIR=str(folder / "plugins_expand"),
+                RABBITMQ_CONFIG_FILE=str(folder / "rabbitmq"),
                 # as docker-compose.yml: a job's message stays unacknowledged while it trains
                 RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-rabbit consumer_timeout 604800000",
             )  # fmt: skip
