@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -187,6 +187,9 @@ class JobRun:
             return None, stood_down
         devices = acquire_devices(self.settings.gpus, num_gpus, self.settings.device_lock_dir)
         if devices is None:
+            with session_scope(self.factory) as session:  # its message is alive (offered again): no sweep resends it
+                offered = update(Job).where(Job.id == self.job_id, Job.status == QUEUED).values(queued_at=utcnow())
+                session.execute(offered)
             return None, self.result("waiting_for_devices", num_gpus=num_gpus, devices=list(self.settings.gpus))
         self.devices = devices
         try:

@@ -6,7 +6,6 @@ import pytest
 from sqlalchemy import select
 
 from tests.helpers.databases import database_url
-
 from webapp.db import (
     FAILED,
     QUEUED,

@@ -171,8 +171,10 @@ def test_jobs_get_gpus_of_their_own(factory, tmp_path, job_config):
     seen = {trainer_env(tmp_path / f"run{i}")["CUDA_VISIBLE_DEVICES"] for i in range(2)}
     assert seen == {"0", "1"}
     assert {job_row(factory, j).devices.rsplit(":", 1)[1] for j in (first, second)} == {"0", "1"}
+    before = job_row(factory, third).queued_at
     waiting = run_job(third, s, factory)
     assert waiting["outcome"] == "waiting_for_devices" and job_row(factory, third).status == "queued"
+    assert before is None or job_row(factory, third).queued_at > before  # offered again: the sweep leaves it
     cpu_run = Background(cpu, s, factory)
     wait_for(lambda: (tmp_path / "run_cpu" / "trainer.pid").exists(), 60, "the CPU job's trainer")
     assert trainer_env(tmp_path / "run_cpu")["CUDA_VISIBLE_DEVICES"] == ""

@@ -1,0 +1,34 @@
+"""bench/chaos.py, shortened: a stack on PostgreSQL and a RabbitMQ node of its own, four jobs over the API, and every
+fault (a worker SIGKILLed, another SIGTERMed, the broker restarted, a trainer killed, the reward server away for a
+few seconds); each job succeeds exactly once, with each (step, metric) row once and no step missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.databases import require_postgres
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_every_job_succeeds_exactly_once_through_the_faults():
+    require_postgres()
+    command = [sys.executable, "bench/chaos.py", "--jobs", "4", "--steps", "24", "--reward-outage", "5", "--json"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.stdout.strip(), done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    print(done.stdout)
+    assert result["jobs"] == 4
+    assert result["succeeded_once"] == 4, result["not_succeeded"]
+    assert result["duplicate_metric_rows"] == 0 and result["missing_steps"] == 0
+    done_faults = {f["fault"] for f in result["faults"]}
+    assert {"sigkill-worker", "sigterm-worker", "restart-broker"} <= done_faults, result["faults"]
+    assert done.returncode == 0, done.stderr[-3000:]
