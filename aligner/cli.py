@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a config value, e.g. --set reinforce.num_rollouts_per_prompt=8 (repeatable)",
     )
-    train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in run_dir")
+    train.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in run_dir")
     train.set_defaults(func=_cmd_train)
 
     train_rm = sub.add_parser("train-rm", help="train a reward model (Bradley-Terry) on preference pairs")

@@ -3,22 +3,42 @@ worker and ingestor, which read them. Torch-free on purpose, so the worker can i
 
     run_dir/checkpoints/step_000012/trainer_state.pt   a complete checkpoint (written as step_000012.tmp, renamed)
     run_dir/checkpoints/step_000012/critic/            PPO: the critic saved with that step
+    run_dir/checkpoints/step_000012/manifest.json      size and CRC-32 of every other file, written last
+    run_dir/checkpoints/step_000010.damaged/           a checkpoint that failed verification, set aside
     run_dir/checkpoints/best.json                      the best validation checkpoint
+
+Every file of a checkpoint is fsync'd, then its manifest, then the folder, before the rename
+(`aligner.trainers.checkpoint.commit_checkpoint`): a `step_N` folder is complete unless the disk lost or changed
+data afterwards. `resume_checkpoint` checks that against the manifest and skips a damaged newest checkpoint for the
+one before, so a crash (or a bad disk) costs the steps since that one instead of the whole resume. A folder without
+a manifest was written by an older version and counts as intact.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
+
+from aligner.durable import CHECKSUM, file_checksum, replace_durably
 
 CHECKPOINT_DIR = "checkpoints"
 STATE_FILE = "trainer_state.pt"
 BEST_FILE = "best.json"  # in checkpoints/: {"step", "val/rewards", "path"} of the best checkpoint
 CRITIC_DIR = "critic"  # in a checkpoint folder: the critic server's critic_save output
+MANIFEST_FILE = "manifest.json"  # in a checkpoint folder: {"checksum": "crc32", "files": {path: {"size", "crc32"}}}
+DAMAGED_SUFFIX = ".damaged"  # step_N.damaged: set aside by resume_checkpoint; never listed, pruned or resumed
+
+
+def checkpoint_name(step: int) -> str:
+    """The folder name of the checkpoint of `step` in checkpoints/."""
+    return f"step_{step:06d}"
 
 
 def checkpoint_steps(run_dir: str | Path) -> dict[int, Path]:
     """Complete checkpoints {step: folder}, oldest first: `step_N` folders holding the trainer state (never a
-    `.tmp` one, which is a checkpoint still being written)."""
+    `.tmp` one, which is a checkpoint still being written, nor a `.damaged` one). Nothing is verified here: see
+    `resume_checkpoint`."""
     folder = Path(run_dir) / CHECKPOINT_DIR
     found: dict[int, Path] = {}
     if not folder.is_dir():
@@ -43,6 +63,87 @@ def critic_checkpoint(run_dir: str | Path, step: int | None = None) -> Path | No
         if (folder / CRITIC_DIR).is_dir():
             return folder / CRITIC_DIR
     return None
+
+
+def checkpoint_files(folder: str | Path) -> list[str]:
+    """The files of a checkpoint folder but its manifest, as sorted paths relative to it."""
+    folder = Path(folder)
+    return sorted(
+        p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_FILE
+    )
+
+
+def make_manifest(folder: str | Path) -> dict:
+    """What `checkpoint_problem` checks the folder against later: each file's size and checksum as they are now."""
+    folder = Path(folder)
+    files = {}
+    for name in checkpoint_files(folder):
+        path = folder / name
+        files[name] = {"size": path.stat().st_size, CHECKSUM: file_checksum(path)}
+    return {"checksum": CHECKSUM, "files": files}
+
+
+def checkpoint_problem(folder: str | Path) -> str | None:
+    """None when the checkpoint folder is intact, else a short reason ("trainer_state.pt: 1234 bytes, manifest says
+    5678"). Reads every file in full (the checksums); sizes are compared first, so a torn file is found at once."""
+    folder = Path(folder)
+    if not (folder / STATE_FILE).is_file():
+        return f"{STATE_FILE}: missing"
+    if not (folder / MANIFEST_FILE).exists():
+        return None  # written before checkpoints had manifests: nothing to check against
+    try:
+        manifest = json.loads((folder / MANIFEST_FILE).read_text())
+        entries = sorted((str(name), int(e["size"]), e.get(CHECKSUM)) for name, e in manifest["files"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return f"{MANIFEST_FILE}: unreadable ({type(err).__name__}: {err})"
+    for name, size, _ in entries:
+        try:
+            actual = (folder / name).stat().st_size
+        except FileNotFoundError:
+            return f"{name}: missing"
+        if actual != size:
+            return f"{name}: {actual} bytes, manifest says {size}"
+    for name, _, checksum in entries:
+        if checksum is None:
+            continue
+        try:
+            actual = file_checksum(folder / name)
+        except OSError as err:
+            return f"{name}: unreadable ({err.strerror or err})"
+        if actual != checksum:
+            return f"{name}: {CHECKSUM} {actual}, manifest says {checksum}"
+    return None
+
+
+def set_aside(folder: str | Path) -> Path:
+    """Rename a damaged checkpoint `step_N` to `step_N.damaged` (replacing an older one of that name): kept for a
+    look, out of every listing, and out of the way of the trainer writing step N again."""
+    folder = Path(folder)
+    aside = folder.with_name(folder.name + DAMAGED_SUFFIX)
+    shutil.rmtree(aside, ignore_errors=True)
+    replace_durably(folder, aside)
+    return aside
+
+
+def resume_checkpoint(run_dir: str | Path) -> tuple[int | None, Path | None, list[tuple[int, str]]]:
+    """(step, folder) of the newest intact checkpoint ((None, None) when there is none), and the (step, reason) of
+    each newer one that is damaged, newest first. Those are set aside (`set_aside`), so the trainer and the worker
+    resuming agree, and pruning and best.json never pick them. The service's worker calls it before it launches
+    the trainer (to prune what comes after the step chosen), and the trainer with `--resume`: both choose alike."""
+    skipped: list[tuple[int, str]] = []
+    for step, folder in reversed(checkpoint_steps(run_dir).items()):
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            return step, folder, skipped
+        set_aside(folder)
+        skipped.append((step, problem))
+    return None, None, skipped
+
+
+def damaged_message(step: int, reason: str, resume_step: int | None) -> str:
+    """The warning for a damaged checkpoint skipped, the same from the trainer and from the worker."""
+    where = f"step {resume_step}" if resume_step is not None else "the beginning"
+    return f"checkpoint step {step} is damaged ({reason}): resuming from {where}"
 
 
 METRICS_FILE = "metrics.jsonl"

@@ -59,7 +59,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from aligner.errors import ServerStartError
 from aligner.processes import die_with_parent, minimal_env, signal_group
-from aligner.run_layout import CRITIC_LOG, EVENTS_FILE, FINAL_POLICY_DIR, METRICS_FILE, SAMPLES_FILE, checkpoint_steps
+from aligner.run_layout import (
+    CRITIC_LOG,
+    EVENTS_FILE,
+    FINAL_POLICY_DIR,
+    METRICS_FILE,
+    SAMPLES_FILE,
+    checkpoint_steps,
+    damaged_message,
+    resume_checkpoint,
+)
 from aligner.trainers.run_log import truncate_after
 from webapp.db import (
     CANCELLED,
@@ -250,8 +259,11 @@ class JobRun:
         config_path = run_dir / JOB_CONFIG_FILE
         resolved = config.model_dump(mode="json")
         config_path.write_text(yaml.safe_dump(resolved, sort_keys=False))
-        checkpoints = checkpoint_steps(run_dir)
-        resume_step = max(checkpoints) if checkpoints else None
+        # The trainer's own choice (newest intact checkpoint), made here first: what is pruned below must match it.
+        resume_step, _, skipped = resume_checkpoint(run_dir)
+        for step, reason in skipped:
+            message = damaged_message(step, reason, resume_step)
+            add_event(session, job.id, "log", {"message": message, "level": "warning", "step": step})
         critic = critic_plan(resolved, run_dir, resume_step)
         # What the trainer will write again is dropped now, as the trainer drops it when it starts (RunLog): rows
         # and lines after the checkpoint; all of them when it starts from the beginning. The files then only grow

@@ -100,15 +100,21 @@ def save_adapter(model: nn.Module, out_dir: str | Path) -> None:
     model.save_pretrained(str(out_dir), safe_serialization=True, save_embedding_layers=False)
 
 
-def load_adapter(model: nn.Module, folder: str | Path) -> None:
-    """Load adapter weights saved by `save_adapter` into the wrapped policy; every adapter tensor must be there."""
+def read_adapter(folder: str | Path) -> dict[str, torch.Tensor]:
+    """The adapter weights `save_adapter` wrote in `folder`."""
     from safetensors.torch import load_file
 
-    peft = require_peft()
     path = Path(folder) / ADAPTER_WEIGHTS
     if not path.is_file():
         raise ModelFolderError(f"{path} not found: the checkpoint was not saved with model.lora")
-    result = peft.set_peft_model_state_dict(model, load_file(path))
+    return load_file(path)
+
+
+def load_adapter(model: nn.Module, folder: str | Path, weights: dict[str, torch.Tensor] | None = None) -> None:
+    """Load adapter weights saved by `save_adapter` into the wrapped policy; every adapter tensor must be there.
+    `weights`: what `read_adapter(folder)` returned, when they were read already."""
+    peft = require_peft()
+    result = peft.set_peft_model_state_dict(model, read_adapter(folder) if weights is None else weights)
     missing = [k for k in result.missing_keys if ".lora_" in k]
     if missing or result.unexpected_keys:
         raise ValueError(

@@ -13,8 +13,10 @@ critic_train request that runs on the server while the actor trains. A checkpoin
 (`<checkpoint>/critic/critic.pt`, written by the server through critic_save), so a resumed run is exact.
 
 The critic server is either started here from `critic.model_path` (and stopped at the end), or external
-(`critic.server_url`, as the service's worker runs it); an external one must be restarted from
-`critic_checkpoint(run_dir)` before a --resume. PPO runs as one process: torchrun with more is refused.
+(`critic.server_url`, as the service's worker runs it); an external one must be restarted from the critic of the
+checkpoint the resume takes before a --resume (`critic_checkpoint(run_dir, step)`, step from
+`run_layout.resume_checkpoint`, which sets damaged newer checkpoints aside). PPO runs as one process: torchrun with
+more is refused.
 """
 
 from __future__ import annotations
@@ -104,10 +106,10 @@ class PPOTrainer(ReinforceTrainer):
             )
         if cfg.model.backend != "hf":
             raise ConfigError("algorithm: ppo trains with model.backend: hf only")
-        steps = checkpoint_steps(self.run_dir) if resume else {}
-        checkpoint = critic_checkpoint(self.run_dir, max(steps)) if steps else None
-        if steps and checkpoint is None:
-            raise ConfigError(f"the newest checkpoint in {self.run_dir} has no {CRITIC_DIR}/: not a PPO checkpoint")
+        # The newest intact checkpoint (verified once: the base setup resumes from it), whose critic the server
+        # restores.
+        step = self._intact_checkpoint()[0] if resume and checkpoint_steps(self.run_dir) else None
+        checkpoint = self._critic_of(step)
         launching = None
         if not cfg.critic.server_url:
             # The server loads its models while this process loads its own: the two startups overlap. Launched from
@@ -117,6 +119,13 @@ class PPOTrainer(ReinforceTrainer):
         try:
             super().setup(resume=resume)
             url = launching.result() if launching else cfg.critic.server_url
+            resumed = self.step if self.resumed_from else None
+            if resumed != step:
+                # That checkpoint could not be loaded: the policy resumed from an older one, and so must the critic.
+                checkpoint = self._critic_of(resumed)
+                if launching is not None:
+                    self._stop_critic_server()
+                    url = self._critic_pool.submit(self._launch_critic, checkpoint).result()
             self.critic = RemoteCriticClient(url, timeout_s=cfg.critic.timeout_s, max_retries=cfg.critic.max_retries)
             if cfg.critic.use_critic_rewards and not self.critic.serves_rewards:
                 raise ConfigError(
@@ -136,6 +145,15 @@ class PPOTrainer(ReinforceTrainer):
                 file=sys.stderr,
             )
 
+    def _critic_of(self, step: int | None) -> Path | None:
+        """The critic saved with checkpoint `step` (None: none, a fresh critic)."""
+        if step is None:
+            return None
+        checkpoint = critic_checkpoint(self.run_dir, step)
+        if checkpoint is None:
+            raise ConfigError(f"checkpoint step {step} in {self.run_dir} has no {CRITIC_DIR}/: not a PPO checkpoint")
+        return checkpoint
+
     def _launch_critic(self, checkpoint: Path | None) -> str:
         from aligner.servers.launch import launch_critic_server
 
@@ -153,11 +171,14 @@ class PPOTrainer(ReinforceTrainer):
 
     def close(self) -> None:
         """Stop the critic client, and the critic server if this trainer started it (idempotent)."""
-        from aligner.servers.launch import stop_server
-
         if self.critic is not None:
             self.critic.close()
             self.critic = None
+        self._stop_critic_server()
+
+    def _stop_critic_server(self) -> None:
+        from aligner.servers.launch import stop_server
+
         if self.critic_process is not None:
             stop_server(self.critic_process)
             self.critic_process = None

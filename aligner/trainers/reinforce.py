@@ -1,7 +1,7 @@
 """The REINFORCE / RLOO trainer: NeMo-Aligner's critic-free RLHF loop in plain PyTorch.
 
     aligner train --config demo_assets/reinforce.yaml            # a run
-    aligner train --config demo_assets/reinforce.yaml --resume   # continue exactly from the newest checkpoint
+    aligner train --config demo_assets/reinforce.yaml --resume   # continue exactly from the newest intact checkpoint
     torchrun --standalone --nproc_per_node 2 -m aligner.cli train --config ...   # data-parallel (distributed.py)
 
 A step: draw `num_prompts_per_step` prompts, sample `num_rollouts_per_prompt` responses for each, score them,
@@ -10,6 +10,12 @@ batch in micro-batches. Lifecycle: `setup` -> `fit` (-> `rollout`, `optimise`, `
 `load_checkpoint` restores everything a step depends on, so 2 steps + resume + 2 steps equals 4 steps.
 `checkpoints/best.json` names the checkpoint with the best validation reward (`checkpoint.best_checkpoint`), which
 pruning keeps. PPO (aligner/trainers/ppo.py) is a subclass that replaces `rollout` and `optimise`.
+
+Checkpoints are written durably (`checkpoint.commit_checkpoint`: fsync'd, with a manifest of sizes and checksums,
+then renamed). `--resume` takes the newest checkpoint that is intact (`run_layout.resume_checkpoint`) and loads
+it; a damaged one (against its manifest, or a file that cannot be loaded) is set aside as `step_N.damaged`, with a
+warning on stderr and in events.jsonl, and the one before is taken: a torn checkpoint costs the steps since the
+previous one, not the run.
 
 SIGTERM or a first Ctrl-C stops the run at the next step boundary with a checkpoint saved (`signals.py`).
 
@@ -44,6 +50,7 @@ from aligner.algorithms.reinforce import (
 )
 from aligner.config import TrainConfig, save_config
 from aligner.data.prompts import PromptDataset, PromptSampler, build_prompt_dataset, read_prompt_file
+from aligner.durable import fsync_file
 from aligner.errors import ConfigError, RunDirError
 from aligner.generation.generator import GenerationOutput, TorchGenerator, resolve_compile
 from aligner.modeling.batches import ResponseBatch
@@ -53,6 +60,7 @@ from aligner.modeling.logprobs import grouped_response_logprobs
 from aligner.modeling.lora import (
     LoraReference,
     load_adapter,
+    read_adapter,
     require_peft,
     save_adapter,
     save_merged_policy,
@@ -67,9 +75,21 @@ from aligner.run_layout import (
     FINAL_POLICY_DIR,
     MEGATRON_OPTIMIZER_FILE,
     STATE_FILE,
+    checkpoint_name,
+    damaged_message,
     list_checkpoints,
+    resume_checkpoint,
+    set_aside,
 )
-from aligner.trainers.checkpoint import rng_state, set_rng_state, write_json_atomic
+from aligner.trainers.checkpoint import (
+    UnreadableCheckpoint,
+    commit_checkpoint,
+    drop_best_after,
+    reading,
+    rng_state,
+    set_rng_state,
+    write_json_atomic,
+)
 from aligner.trainers.loop import adamw, is_validation_step, optimizer_step
 from aligner.trainers.rollout import rollout_metrics, sample_prompt_indices, sample_rows
 from aligner.trainers.run_log import RunLog, Timers
@@ -101,6 +121,9 @@ class ReinforceTrainer:
         self._stop_requested = False
         self.last_validation: tuple[int, float] | None = None  # (step, val/rewards) of the latest validation
         self.best: dict[str, Any] | None = None  # {"step", "val/rewards"} of the best checkpoint so far
+        self.resumed_from: Path | None = None  # the checkpoint `setup(resume=True)` loaded
+        self.skipped_checkpoints: list[tuple[int, str]] = []  # (step, reason) of damaged ones the resume set aside
+        self._intact: tuple[int | None, Path | None] | None = None  # `_intact_checkpoint`'s answer, once verified
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self, resume: bool = False) -> None:
@@ -116,7 +139,7 @@ class ReinforceTrainer:
                 f"run_dir {self.run_dir} already holds checkpoints (newest: {checkpoints[-1].name}); "
                 "pass --resume to continue it, or choose another run_dir"
             )
-        if resume and not checkpoints:
+        if resume and not checkpoints and not self.skipped_checkpoints:
             print(f"no checkpoint in {self.run_dir}: starting from the beginning", file=sys.stderr)
         if self.uses_lora:
             require_peft()
@@ -174,17 +197,18 @@ class ReinforceTrainer:
             self.optimizer, cfg.optim.warmup_steps, cfg.trainer.max_steps, min_ratio=cfg.optim.min_lr / cfg.optim.lr
         )
         self.sampler = PromptSampler(len(self.train_data), cfg.seed, cfg.data.shuffle)
-        if resume and checkpoints:
-            self.load_checkpoint(checkpoints[-1])
+        if resume and (checkpoints or self.skipped_checkpoints):  # PPO's early look may have set them all aside
+            self._resume()
         # Ranks load the same files, but randomly initialised weights (adapters) must match too.
         distributed.broadcast_parameters(self.policy.parameters())
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if distributed.is_main():
             save_config(cfg, self.run_dir / "config.yaml")
-        self.log = RunLog(
-            self.run_dir, resume_step=self.step if (resume and checkpoints) else None, enabled=distributed.is_main()
-        )
+        resume_step = self.step if self.resumed_from else None
+        self.log = RunLog(self.run_dir, resume_step=resume_step, enabled=distributed.is_main())
+        for step, reason in self.skipped_checkpoints:
+            self.log.log_event(step, damaged_message(step, reason, resume_step), level="warning")
 
     @property
     def final_policy_dir(self) -> Path:
@@ -474,7 +498,7 @@ class ReinforceTrainer:
 
         With LoRA the policy part is the adapters only (a peft folder): the base weights are the policy_path's.
         """
-        final = self.run_dir / CHECKPOINT_DIR / f"step_{self.step:06d}"
+        final = self.run_dir / CHECKPOINT_DIR / checkpoint_name(self.step)
         tmp = final.with_name(final.name + ".tmp")
         rng_per_rank = distributed.all_gather_objects(rng_state())
         self._update_best()
@@ -484,7 +508,11 @@ class ReinforceTrainer:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
             distributed.barrier()
-            torch.save(self.optimizer.state_dict(), tmp / MEGATRON_OPTIMIZER_FILE.format(rank=distributed.rank()))
+            own = tmp / MEGATRON_OPTIMIZER_FILE.format(rank=distributed.rank())
+            torch.save(self.optimizer.state_dict(), own)
+            # Rank 0 fsyncs every file before the rename, but where the ranks span nodes (a network file system) only
+            # the writer's own fsync surely reaches the disk.
+            fsync_file(own)
             distributed.barrier()
         if not distributed.is_main():  # every rank holds the same weights and optimiser state: rank 0 writes them
             distributed.barrier()
@@ -509,13 +537,13 @@ class ReinforceTrainer:
         self._save_extra(tmp)
         torch.save(state, tmp / STATE_FILE)
         save_config(self.config, tmp / "config.yaml")
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        # After the barrier above every rank's file is in `tmp`: the manifest covers them all.
+        commit_checkpoint(tmp, final)
         if self.best and self.best["step"] == self.step:
             write_json_atomic(final.parent / BEST_FILE, {**self.best, "path": final.name})
         keep = self.config.trainer.keep_checkpoints
         if keep:
-            best = self.best and final.with_name(f"step_{self.best['step']:06d}")
+            best = self.best and final.with_name(checkpoint_name(self.best["step"]))
             for old in [c for c in list_checkpoints(self.run_dir)[:-keep] if c != best]:
                 shutil.rmtree(old, ignore_errors=True)
         distributed.barrier()  # no rank goes on (or exits) before the checkpoint is complete
@@ -534,18 +562,82 @@ class ReinforceTrainer:
     def _save_extra(self, folder: Path) -> None:
         """Hook for subclasses: write more into the checkpoint folder before it is complete (PPO: the critic)."""
 
+    def _intact_checkpoint(self) -> tuple[int | None, Path | None]:
+        """(step, folder) of the newest intact checkpoint, verified once (PPO asks before `setup` does). Rank 0
+        verifies it (reading every file) and sets damaged ones aside; the other ranks take its answer."""
+        if self._intact is None:
+            found = resume_checkpoint(self.run_dir) if distributed.is_main() else None
+            step, path, skipped = distributed.all_gather_objects(found)[0]
+            self.skipped_checkpoints += skipped
+            self._intact = (step, path)
+        return self._intact
+
+    def _resume(self) -> None:
+        """Load the newest checkpoint that is intact and can be loaded; each damaged one is set aside for the one
+        before, or for the beginning when none is left."""
+        while True:
+            step, path = self._intact_checkpoint()
+            if path is None:
+                break
+            try:
+                loaded, error = self._read_checkpoint(path), None
+            except UnreadableCheckpoint as err:
+                loaded, error = None, str(err)
+            # Agreed before anything is restored: one rank restoring a checkpoint another cannot read would leave
+            # the ranks on different states.
+            errors = [e for e in distributed.all_gather_objects(error) if e]
+            if not errors:
+                self._apply_checkpoint(path, loaded)
+                self.resumed_from = path
+                break
+            if distributed.is_main():
+                set_aside(path)
+            self.skipped_checkpoints.append((step, errors[0]))
+            self._intact = None
+        if distributed.is_main():
+            resume_step = self.step if self.resumed_from else None
+            for step, reason in self.skipped_checkpoints:
+                print(f"WARNING: {damaged_message(step, reason, resume_step)}", file=sys.stderr)
+            drop_best_after(self.run_dir, resume_step, self.best)
+
     def load_checkpoint(self, path: Path) -> None:
+        """Restore everything a step depends on from the checkpoint folder `path`."""
+        self._apply_checkpoint(path, self._read_checkpoint(path))
+
+    def _read_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Every file of checkpoint `path` this rank needs, read before anything is restored: a file that cannot be
+        loaded (`UnreadableCheckpoint`) leaves the trainer as it was, for the checkpoint before."""
         from transformers import AutoModelForCausalLM
 
-        if self.uses_lora:
-            load_adapter(self.policy, path / ADAPTER_DIR)
-        else:
-            saved = AutoModelForCausalLM.from_pretrained(str(path / "policy"), dtype=self.policy.dtype)
-            self.policy.load_state_dict(saved.state_dict())
-            del saved
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+        with reading(STATE_FILE):
+            state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+        loaded: dict[str, Any] = {"state": state}
         if self.uses_megatron:
-            self._load_megatron_state(path, state.get("megatron_layout"))
+            self._check_megatron_layout(path, state.get("megatron_layout"))
+            own = MEGATRON_OPTIMIZER_FILE.format(rank=distributed.rank())
+            with reading(own):
+                loaded["optimizer"] = torch.load(path / own, map_location=self.device, weights_only=False)
+        if self.uses_lora:
+            with reading(ADAPTER_DIR):
+                loaded["weights"] = read_adapter(path / ADAPTER_DIR)
+        else:
+            with reading("policy"):
+                saved = AutoModelForCausalLM.from_pretrained(str(path / "policy"), dtype=self.policy.dtype)
+                loaded["weights"] = saved.state_dict()
+        return loaded
+
+    def _apply_checkpoint(self, path: Path, loaded: dict[str, Any]) -> None:
+        state = loaded["state"]
+        if self.uses_lora:
+            load_adapter(self.policy, path / ADAPTER_DIR, loaded.pop("weights"))
+        else:
+            self.policy.load_state_dict(loaded.pop("weights"))
+        if self.uses_megatron:
+            from aligner.modeling import megatron as mb
+
+            # The shard from the checkpoint's HF weights (the conversion is exact), and this rank's own optimiser.
+            mb.load_hf_weights(self.megatron_model, self.policy.state_dict(), self.policy.config)
+            self.optimizer.load_state_dict(loaded["optimizer"])
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -568,16 +660,10 @@ class ReinforceTrainer:
             "world_size": distributed.world_size(),
         }
 
-    def _load_megatron_state(self, path: Path, saved_layout: dict[str, int] | None) -> None:
-        """This rank's Megatron shard from the checkpoint's HF weights (the conversion is exact), and its own
-        optimiser state: resuming needs the same TP, PP and number of processes."""
-        from aligner.modeling import megatron as mb
-
+    def _check_megatron_layout(self, path: Path, saved_layout: dict[str, int] | None) -> None:
+        """Each rank's optimiser state is its own shard's: resuming needs the same TP, PP and number of processes."""
         if saved_layout != self._megatron_layout():
             raise ConfigError(
                 f"checkpoint {path} was written with the Megatron layout {saved_layout}; this run has "
                 f"{self._megatron_layout()}: resume with the same tensor/pipeline-parallel sizes and processes"
             )
-        mb.load_hf_weights(self.megatron_model, self.policy.state_dict(), self.policy.config)
-        own = path / MEGATRON_OPTIMIZER_FILE.format(rank=distributed.rank())
-        self.optimizer.load_state_dict(torch.load(own, map_location=self.device, weights_only=False))

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import sys
 
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
-from aligner.run_layout import CRITIC_LOG
+from aligner.run_layout import CHECKPOINT_DIR, CRITIC_LOG, METRICS_FILE, STATE_FILE, checkpoint_steps
+from aligner.trainers.run_log import read_jsonl
+from tests.helpers.checkpoints import FILES, tear, write_checkpoint
 from tests.helpers.service import create_job
-from webapp.db import Event, Job, Metric, Sample, session_scope, utcnow
+from webapp.db import Checkpoint, Event, Job, Metric, Sample, session_scope, utcnow
 from worker.lease import take_lease
 from worker.recovery import requeue_stale_jobs
-from worker.runner import failure_message, run_job, trainer_command
+from worker.runner import JobRun, failure_message, run_job, trainer_command
 from worker.settings import Settings
 
 
@@ -243,3 +246,35 @@ def test_a_critic_override_a_job_may_not_set_fails_it_at_launch(factory, tmp_pat
     assert "config.critic.server_overrides" in error
     assert "'host' cannot be set by a job; allowed: " in error and "config.critic.model" not in error
     assert not (tmp_path / "run" / CRITIC_LOG).exists()
+
+
+def test_a_torn_newest_checkpoint_is_skipped_and_what_follows_the_one_before_is_pruned(factory, tmp_path, job_config):
+    """RUN_DIR holds a good step 2 and a torn step 4: the job resumes from 2 with a warning event, step 4 is set
+    aside, and the metric rows and lines of steps 3 and 4 are dropped, as the trainer drops them."""
+    run_dir = tmp_path / "run"
+    write_checkpoint(run_dir, 2)
+    tear(write_checkpoint(run_dir, 4) / STATE_FILE)
+    (run_dir / METRICS_FILE).write_text("".join(json.dumps({"step": s, "r": 1.0}) + "\n" for s in range(5)))
+    job_id = create_job(factory, job_config(), run_dir, step=4)  # a job resumed after 4 steps
+    with session_scope(factory) as session:
+        session.add_all(Metric(job_id=job_id, step=s, name="r", value=1.0) for s in range(5))
+        session.add_all(Checkpoint(job_id=job_id, step=s, path=str(run_dir / f"step_{s}")) for s in (2, 4))
+
+    launch, done = JobRun(job_id, settings(tmp_path), factory).start()
+    assert done is None and launch.resume_step == 2 and launch.command[-1] == "--resume"
+    assert set(checkpoint_steps(run_dir)) == {2} and (run_dir / CHECKPOINT_DIR / "step_000004.damaged").is_dir()
+    with session_scope(factory) as session:
+        assert sorted(session.scalars(select(Metric.step).where(Metric.job_id == job_id))) == [0, 1, 2]
+        assert list(session.scalars(select(Checkpoint.step).where(Checkpoint.job_id == job_id))) == [2]
+        events = select(Event).where(Event.job_id == job_id, Event.kind == "log").order_by(Event.id)
+        logs = [e.payload for e in session.scalars(events)]
+    assert job_row(factory, job_id).step == 2
+    assert [r["step"] for r in read_jsonl(run_dir / METRICS_FILE)] == [0, 1, 2]
+    size = len(FILES[STATE_FILE])
+    assert logs[0] == {
+        "message": f"checkpoint step 4 is damaged ({STATE_FILE}: {size // 2} bytes, manifest says {size}): "
+        "resuming from step 2",
+        "level": "warning",
+        "step": 4,
+    }
+    assert logs[1]["message"].endswith("training from checkpoint step 2")

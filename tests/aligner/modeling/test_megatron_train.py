@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 pytest.importorskip("megatron.core")
 
 from aligner.cli import main  # noqa: E402
+from aligner.run_layout import MANIFEST_FILE, checkpoint_problem  # noqa: E402
 from aligner.trainers.run_log import read_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -115,12 +116,12 @@ def test_tensor_parallel_2_trains_like_the_hf_backend(tmp_path, tiny_policy_dir,
     sa, sb = read_jsonl(hf_run / "samples.jsonl"), read_jsonl(tp2 / "samples.jsonl")
     assert [(s["prompt"], s["response"]) for s in sa] == [(s["prompt"], s["response"]) for s in sb]
 
-    # Per-rank optimiser state next to the gathered HF policy.
+    # Per-rank optimiser state next to the gathered HF policy, both in the manifest rank 0 wrote.
     checkpoint = tp2 / "checkpoints" / "step_000002"
-    assert sorted(p.name for p in checkpoint.glob("megatron_optimizer_rank*.pt")) == [
-        "megatron_optimizer_rank00000.pt",
-        "megatron_optimizer_rank00001.pt",
-    ]
+    ranks = ["megatron_optimizer_rank00000.pt", "megatron_optimizer_rank00001.pt"]
+    assert sorted(p.name for p in checkpoint.glob("megatron_optimizer_rank*.pt")) == ranks
+    assert set(ranks) <= json.loads((checkpoint / MANIFEST_FILE).read_text())["files"].keys()
+    assert checkpoint_problem(checkpoint) is None
 
 
 @pytest.mark.slow

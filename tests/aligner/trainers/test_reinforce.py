@@ -1,4 +1,5 @@
 import math
+import shutil
 
 import pytest
 import torch
@@ -7,10 +8,18 @@ from safetensors.torch import load_file
 
 from aligner.cli import main
 from aligner.errors import PromptDataError, RunDirError
-from aligner.run_layout import list_checkpoints
+from aligner.run_layout import (
+    CHECKPOINT_DIR,
+    EVENTS_FILE,
+    MANIFEST_FILE,
+    STATE_FILE,
+    checkpoint_problem,
+    list_checkpoints,
+)
 from aligner.trainers.reinforce import ReinforceTrainer
 from aligner.trainers.run_log import read_jsonl
 from aligner.trainers.schedule import lr_multiplier
+from tests.helpers.checkpoints import tear
 from tests.helpers.learning import assert_reward_rises
 from tests.helpers.training import train
 
@@ -36,13 +45,33 @@ def without_timers(rows):
     return [{k: v for k, v in row.items() if not k.startswith("timers/")} for row in rows]
 
 
-def test_two_steps_resume_two_steps_equals_four_steps(run_config):
+def test_two_steps_resume_two_steps_equals_four_steps(run_config, capsys):
+    """... and the resume goes past damaged newer checkpoints: step 3 torn (its manifest tells), step 4 from an older
+    version (no manifest) whose state cannot be loaded. Both are set aside with a warning; step 2 is taken."""
     straight = train(run_config("straight"))
     interrupted = run_config("resumed")
     first = train(interrupted, until_step=2)
     assert first.step == 2 and not first.final_policy_dir.exists()
+    two = first.run_dir / CHECKPOINT_DIR / "step_000002"
+    assert checkpoint_problem(two) is None and (two / MANIFEST_FILE).is_file()
+    torn = shutil.copytree(two, two.with_name("step_000003"))
+    tear(torn / STATE_FILE)
+    unloadable = shutil.copytree(two, two.with_name("step_000004"))
+    (unloadable / MANIFEST_FILE).unlink()
+    (unloadable / STATE_FILE).write_bytes(b"garbage")
+    capsys.readouterr()
     resumed = train(interrupted, resume=True)
-    assert resumed.step == 4
+    assert resumed.step == 4 and resumed.resumed_from == two
+    assert [s for s, _ in resumed.skipped_checkpoints] == [4, 3]
+    events = read_jsonl(resumed.run_dir / EVENTS_FILE)
+    assert [(e["step"], e["level"]) for e in events] == [(4, "warning"), (3, "warning")]
+    assert events[0]["message"].startswith(f"checkpoint step 4 is damaged ({STATE_FILE}: cannot be loaded (")
+    size = (two / STATE_FILE).stat().st_size
+    assert events[1]["message"].endswith(f"{size // 2} bytes, manifest says {size}): resuming from step 2")
+    assert f"WARNING: {events[1]['message']}" in capsys.readouterr().err
+    aside = sorted(p.name for p in (resumed.run_dir / CHECKPOINT_DIR).glob("*.damaged"))
+    assert aside == ["step_000003.damaged", "step_000004.damaged"]
+    assert all(checkpoint_problem(c) is None for c in list_checkpoints(resumed.run_dir))  # step 4 written anew
 
     a = load_file(straight.final_policy_dir / "model.safetensors")
     b = load_file(resumed.final_policy_dir / "model.safetensors")
