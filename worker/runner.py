@@ -8,17 +8,22 @@
 2. Prepare. The stored config is checked again (webapp.job_config.launch_config: the catalogue entries it names
    exist and its owner may use them, every path resolves inside a catalogue folder or the owner's datasets, the
    limits hold; a refused job fails with the reasons) and written as aligner's config to RUN_DIR/job.yaml (run_dir
-   the job's, progress bar off). When RUN_DIR holds a complete checkpoint the trainer resumes from it (`--resume`):
-   SQL rows and JSONL lines of later steps are dropped first, exactly as the trainer drops them, so nothing is ever
-   counted twice.
+   the job's, progress bar off). When RUN_DIR holds an intact checkpoint (`aligner.run_layout.resume_checkpoint`:
+   a damaged newer one is set aside, with a warning event) the trainer resumes from the newest (`--resume`): SQL
+   rows and JSONL lines of later steps are dropped first, exactly as the trainer drops them, so nothing is ever
+   counted twice. A GPU job first takes its devices (worker/devices.py), a run that finds too few free leaves the
+   job untouched for another offer.
 3. Launch `python -m aligner.cli train --config RUN_DIR/job.yaml [--resume]` in its own process group (session),
    output appended to RUN_DIR/train.log. On Linux it gets SIGKILL if the worker process dies (PR_SET_PDEATHSIG). Its
    environment is `aligner.processes.minimal_env()`: what a trainer needs, never the worker's database or broker URL.
 4. Follow, every `poll_interval` (0.5 s): renew the heartbeat (only while this worker still owns the lease),
    ingest metrics, samples and checkpoints (worker/ingest.py), and honour a cancel: SIGTERM to the trainer's
    group (it stops at the next step boundary with a checkpoint), SIGKILL after `cancel_grace` seconds.
-5. End: exit 0 -> succeeded; a cancel -> cancelled; non-zero -> failed with the trainer's error message and the
-   tail of train.log. Whatever happens in the worker, the trainer's whole process group is killed on the way out.
+5. End: exit 0 -> succeeded; a cancel -> cancelled; the worker stopping (SIGTERM, worker/shutdown.py) -> the job
+   goes back to the queue without counting an attempt, its message sent again; a trainer killed by a signal from
+   outside -> re-queued (an attempt counted); another non-zero status -> failed with the trainer's error message and
+   the tail of train.log. Every status change is conditional (`webapp.db.transition`); one that races a cancel is
+   decided again. Whatever happens in the worker, the trainer's whole process group is killed on the way out.
 
 A job that lost its worker is re-queued by the recovery sweep (worker/recovery.py), and its next run resumes from
 the last checkpoint.
