@@ -142,6 +142,7 @@ def test_retry_starts_over(client, token, config, db_session, queue):
     assert queue.job_ids == [job["id"], job["id"]]
 
 
+@both_backends
 def test_a_broker_that_is_down_does_not_lose_the_job(app, client, token, config, db_session):
     class Down:
         def enqueue(self, job_id):
