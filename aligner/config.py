@@ -12,6 +12,7 @@ current directory. The resolved config (absolute paths, every default filled in)
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -119,6 +120,13 @@ class DataConfig(Section):
     shuffle: bool = Field(True, description="Reshuffle the training prompts every epoch (seeded).")
 
 
+def _wait_limit(value: float) -> float:
+    """A `*.unavailable_timeout_s`: seconds, finite and >= 0."""
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("must be a number of seconds >= 0 (0: do not wait for a server that cannot be reached)")
+    return value
+
+
 class RewardConfig(Section):
     """Where rewards come from: exactly one of `function`, `model_path` or `server_url`."""
 
@@ -142,7 +150,20 @@ class RewardConfig(Section):
     model_name: str = Field("reward_model", description="Model name on the reward server.")
     batch_size: int = Field(32, ge=1, description="Samples scored per forward of a reward model.")
     timeout_s: float = Field(60.0, gt=0, description="Seconds a request to the reward server may take.")
-    max_retries: int = Field(3, ge=0, description="Retries of a failed request to the server, with backoff.")
+    max_retries: int = Field(
+        3, ge=0, description="Retries of a request the server failed (HTTP 429/500), with backoff."
+    )
+    unavailable_timeout_s: float = Field(
+        600.0,
+        description="Seconds a run waits, retrying with backoff, for a reward server that cannot be reached "
+        "(refused or reset connections, timeouts, HTTP 502/503/504, a model still loading) before it fails with a "
+        "checkpoint; 0 fails at once.",
+    )
+
+    @field_validator("unavailable_timeout_s")
+    @classmethod
+    def _unavailable_timeout(cls, value: float) -> float:
+        return _wait_limit(value)
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> RewardConfig:
@@ -303,7 +324,19 @@ class CriticConfig(Section):
         "instead of the `reward` section, which may then be left out.",
     )
     timeout_s: float = Field(60.0, gt=0, description="Seconds a critic_infer request may take.")
-    max_retries: int = Field(3, ge=0, description="Retries of a failed critic_infer request, with backoff.")
+    max_retries: int = Field(
+        3, ge=0, description="Retries of a critic request the server failed (HTTP 429/500), with backoff."
+    )
+    unavailable_timeout_s: float = Field(
+        600.0,
+        description="Seconds a run waits, retrying with backoff, for a critic server that cannot be reached before "
+        "it fails; 0 fails at once.",
+    )
+
+    @field_validator("unavailable_timeout_s")
+    @classmethod
+    def _unavailable_timeout(cls, value: float) -> float:
+        return _wait_limit(value)
 
 
 class TrainConfig(Section):

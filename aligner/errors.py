@@ -40,6 +40,24 @@ class CriticError(AlignerError, RuntimeError):
     """A critic server that cannot be reached, refused a request or answered something unusable."""
 
 
+class ServerUnavailableError(AlignerError, RuntimeError):
+    """A reward or critic server that could not be reached for longer than its `unavailable_timeout_s`.
+
+    `server` ("reward server" or "critic server"), `url` and `waited_s` (seconds waited) say which and how long."""
+
+    def __init__(self, message: str, server: str = "", url: str = "", waited_s: float = 0.0):
+        super().__init__(message)
+        self.server, self.url, self.waited_s = server, url, waited_s
+
+
+class RewardServerUnavailableError(ServerUnavailableError, RewardError):
+    """The reward server stayed unreachable past `reward.unavailable_timeout_s`."""
+
+
+class CriticServerUnavailableError(ServerUnavailableError, CriticError):
+    """The critic server stayed unreachable past `critic.unavailable_timeout_s`."""
+
+
 class ServerStartError(AlignerError, RuntimeError):
     """A child server that exited or did not become ready; the message names its log."""
 

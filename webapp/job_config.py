@@ -41,7 +41,8 @@ from aligner.servers.launch import check_critic_overrides
 from webapp.catalogue import find_dataset, find_model, find_server, reward_target
 from webapp.db import ALGORITHMS, CRITIC, POLICY, PPO, REWARD, TOKENIZER, CatalogueModel, Job, User
 
-# Sizes a single job may ask for; an operator changes them with ALIGNER_JOB_LIMITS or the app's JOB_LIMITS.
+# Sizes (and waits) a single job may ask for; an operator changes them with ALIGNER_JOB_LIMITS or the app's JOB_LIMITS.
+# Integers are capped at INT64_MAX without a limit here; a float field only when it has one.
 JOB_LIMIT_DEFAULTS: dict[str, int] = {
     "trainer.max_steps": 1_000_000,  # lands in a 32-bit column
     "generation.max_new_tokens": 65_536,
@@ -56,6 +57,8 @@ JOB_LIMIT_DEFAULTS: dict[str, int] = {
     "trainer.train_samples_to_log": 256,
     "trainer.num_val_prompts": 10_000,
     "trainer.keep_checkpoints": 100,
+    "reward.unavailable_timeout_s": 86_400,  # seconds a job waits for a server that went away: a day
+    "critic.unavailable_timeout_s": 86_400,
 }
 JOB_LIMITS_ENV = "ALIGNER_JOB_LIMITS"
 DEFAULT_KEEP_CHECKPOINTS = 3
@@ -157,6 +160,10 @@ def limit_errors(config: TrainConfig, limits: dict[str, int]) -> dict[str, list[
             continue
         if isinstance(value, float) and not math.isfinite(value):
             errors.setdefault(field, []).append(f"must be a finite number (got {value})")
+        elif isinstance(value, float) and field.removeprefix("config.") in limits:
+            limit = limits[field.removeprefix("config.")]
+            if value > limit:
+                errors.setdefault(field, []).append(f"must be at most {limit} on this server (got {value:g})")
         elif isinstance(value, int):
             limit = limits.get(field.removeprefix("config."), INT64_MAX)
             if value > limit:

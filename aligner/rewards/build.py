@@ -9,12 +9,18 @@ from aligner.rewards.interface import RewardClient
 from aligner.rewards.local import FunctionRewardClient, ModelRewardClient
 
 
-def build_reward_client(config: RewardConfig, device: str | torch.device = "cpu") -> RewardClient:
+def build_reward_client(config: RewardConfig, device: str | torch.device = "cpu", on_wait=None) -> RewardClient:
+    """`on_wait`: called with an `aligner.rewards.http.ServerWait` while a reward server is away (servers only)."""
     if config.server_url:
         from aligner.rewards.remote import RemoteRewardClient
 
         return RemoteRewardClient(
-            config.server_url, config.model_name, timeout_s=config.timeout_s, max_retries=config.max_retries
+            config.server_url,
+            config.model_name,
+            timeout_s=config.timeout_s,
+            max_retries=config.max_retries,
+            unavailable_timeout_s=config.unavailable_timeout_s,
+            on_wait=on_wait,
         )
     if config.function:
         return FunctionRewardClient(config.function, config.function_args)

@@ -1,18 +1,18 @@
 """`RemoteRewardClient`: rewards from a Triton reward server (Aligner's or NeMo-Aligner's), split into batches the
-server accepts, retried on transient failures.
+server accepts, retried on transient failures and while the server is away (aligner/rewards/http.py).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import requests
 import torch
 
 from aligner.errors import RewardError
-from aligner.rewards.http import int_field, normalize_url, outputs_by_name, request_json
+from aligner.rewards.http import ServerConnection, ServerWait, int_field, outputs_by_name
 from aligner.rewards.interface import check_rewards
 
 
@@ -26,11 +26,22 @@ class RemoteRewardClient:
         backoff_s: float = 0.5,
         max_concurrency: int = 4,
         sentences_only: bool = False,
+        unavailable_timeout_s: float = 600.0,
+        on_wait: Callable[[ServerWait], None] | None = None,
+        **connection: Any,
     ):
-        self.url = normalize_url(url)
-        self.model_name, self.timeout_s = model_name, timeout_s
-        self.max_retries, self.backoff_s, self.sentences_only = max_retries, backoff_s, sentences_only
-        self.session = requests.Session()
+        """`unavailable_timeout_s`: how long a request waits for a server that is away; `on_wait` hears of it
+        (`ServerWait`); `connection`: more of `ServerConnection`'s arguments (max_backoff_s, sleep, clock)."""
+        self.connection = ServerConnection(
+            url,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_s=backoff_s,
+            unavailable_timeout_s=unavailable_timeout_s,
+            on_wait=on_wait,
+            **connection,
+        )
+        self.url, self.model_name, self.sentences_only = self.connection.url, model_name, sentences_only
         # Two pools: a submitted scoring job waits on its chunks, which must never queue behind other jobs.
         self.pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="reward-client")
         self.chunk_pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="reward-chunks")
@@ -38,9 +49,7 @@ class RemoteRewardClient:
 
     # --------------------------------------------------------------------------------------------- HTTP
     def _request(self, method: str, path: str, payload: dict | None = None) -> dict:
-        return request_json(
-            self.session, self.url, method, path, payload, self.timeout_s, self.max_retries, self.backoff_s
-        )
+        return self.connection.request(method, path, payload)
 
     def _model_max_batch_size(self) -> int:
         config = self._request("GET", f"/v2/models/{self.model_name}/config")
@@ -84,10 +93,14 @@ class RemoteRewardClient:
     def submit(self, prompts, responses, metadata) -> Future:
         return self.pool.submit(self.score, list(prompts), list(responses), list(metadata))
 
+    def stop_waiting(self) -> None:
+        """Requests waiting for the server (away) give up now: the run was asked to stop."""
+        self.connection.stop_waiting()
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.chunk_pool.shutdown(wait=False, cancel_futures=True)
-        self.session.close()
+        self.connection.close()
 
 
 def bytes_input(name: str, values: list[str]) -> dict:

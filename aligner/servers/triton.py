@@ -35,7 +35,7 @@ class BadRequest(AlignerError, ValueError):
     """A request the server cannot serve; the message says why.
 
     PyTriton answers every exception of a model's function with HTTP 500; the message's `BAD_REQUEST` prefix tells
-    the clients (`aligner.rewards.http.request_json`) it is the caller's fault: never retried. The clients do not
+    the clients (`aligner.rewards.http.ServerConnection`) it is the caller's fault: never retried. The clients do not
     show the message (they show nothing a server sends): the server's log has it.
     """
 

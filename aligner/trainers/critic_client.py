@@ -8,26 +8,29 @@
 
 Inference is split into requests of the server's `max_batch_size` rows sent concurrently; a training step is never
 split (it is one optimiser step) and is refused if larger than the server's `train_max_batch_size`. Every request
-has a timeout and bounded retries with exponential backoff (aligner.rewards.http.request_json): a request the
-server refuses (HTTP 4xx, or an error it marks "bad request: ") is not retried, nor is a training step that may
-have reached the server (a retry could apply it twice). Errors are `CriticError`s naming the URL. Shapes are
-checked here first, so a wrong call fails at once with a ValueError. Tested by
+goes through a `ServerConnection` (aligner/rewards/http.py): a timeout, bounded retries of transient failures, and
+waiting with backoff for a server that is away, up to `unavailable_timeout_s` (`critic.unavailable_timeout_s`;
+then a `CriticServerUnavailableError`). A request the server refuses (HTTP 4xx, or an error it marks
+"bad request: ") is not retried, nor is a training step that may have reached the server (a retry could apply it
+twice). Errors are `CriticError`s naming the URL. Shapes are checked here first, so a wrong call fails at once with
+a ValueError. Tested by
 
-    .venv/bin/python -m pytest tests/aligner/servers/test_critic_server.py -q
+    .venv/bin/python -m pytest tests/aligner/servers/test_critic_server.py tests/aligner/rewards/test_http.py -q
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import requests
 import torch
 
-from aligner.errors import CriticError
-from aligner.rewards.http import int_field, normalize_url, outputs_by_name, request_json
+from aligner.errors import CriticError, CriticServerUnavailableError
+from aligner.rewards.http import ServerConnection, ServerWait, int_field, outputs_by_name
 
 
 def _array(value, dtype) -> np.ndarray:
@@ -60,11 +63,27 @@ class RemoteCriticClient:
         backoff_s: float = 0.5,
         train_timeout_s: float = 600.0,
         max_concurrency: int = 4,
+        unavailable_timeout_s: float = 600.0,
+        on_wait: Callable[[ServerWait], None] | None = None,
+        **connection: Any,
     ):
-        self.url = normalize_url(url)
-        self.timeout_s, self.train_timeout_s = timeout_s, train_timeout_s
-        self.max_retries, self.backoff_s = max_retries, backoff_s
-        self.session = requests.Session()
+        """`unavailable_timeout_s`: how long a request waits for a server that is away; `on_wait` hears of it
+        (`ServerWait`); `connection`: more of `ServerConnection`'s arguments (max_backoff_s, sleep, clock)."""
+        self.connection = ServerConnection(
+            url,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_s=backoff_s,
+            unavailable_timeout_s=unavailable_timeout_s,
+            on_wait=on_wait,
+            server="critic server",
+            command="aligner serve-critic",
+            timeout_key="critic.unavailable_timeout_s",
+            error=CriticError,
+            unavailable_error=CriticServerUnavailableError,
+            **connection,
+        )
+        self.url, self.train_timeout_s = self.connection.url, train_timeout_s
         # Two pools: a submitted inference waits on its chunks, which must never queue behind other inferences.
         self.pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="critic-client")
         self.chunk_pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="critic-chunks")
@@ -81,20 +100,7 @@ class RemoteCriticClient:
     def _request(
         self, method: str, path: str, payload: dict | None = None, timeout_s: float | None = None, idempotent=True
     ) -> dict:
-        return request_json(
-            self.session,
-            self.url,
-            method,
-            path,
-            payload,
-            timeout_s or self.timeout_s,
-            self.max_retries,
-            self.backoff_s,
-            server="critic server",
-            command="aligner serve-critic",
-            error=CriticError,
-            idempotent=idempotent,
-        )
+        return self.connection.request(method, path, payload, timeout_s, idempotent)
 
     def _outputs(self, answer: dict, names: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
         found = outputs_by_name(answer)
@@ -197,10 +203,14 @@ class RemoteCriticClient:
             raise CriticError(f"critic server {self.url} answered critic_save without the path written")
         return Path(written[0])
 
+    def stop_waiting(self) -> None:
+        """Requests waiting for the server (away) give up now: the run was asked to stop."""
+        self.connection.stop_waiting()
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.chunk_pool.shutdown(wait=False, cancel_futures=True)
-        self.session.close()
+        self.connection.close()
 
     def __enter__(self) -> RemoteCriticClient:
         return self

@@ -40,7 +40,7 @@ from aligner.algorithms.ppo import (
 )
 from aligner.algorithms.reinforce import kl_penalty, masked_mean
 from aligner.data.prompts import PromptDataset
-from aligner.errors import ConfigError
+from aligner.errors import ConfigError, CriticServerUnavailableError, ServerUnavailableError
 from aligner.generation.generator import GenerationOutput
 from aligner.modeling.batches import ResponseBatch
 from aligner.modeling.logprobs import grouped_response_logits, token_logprobs
@@ -126,7 +126,13 @@ class PPOTrainer(ReinforceTrainer):
                 if launching is not None:
                     self._stop_critic_server()
                     url = self._critic_pool.submit(self._launch_critic, checkpoint).result()
-            self.critic = RemoteCriticClient(url, timeout_s=cfg.critic.timeout_s, max_retries=cfg.critic.max_retries)
+            self.critic = RemoteCriticClient(
+                url,
+                timeout_s=cfg.critic.timeout_s,
+                max_retries=cfg.critic.max_retries,
+                unavailable_timeout_s=cfg.critic.unavailable_timeout_s,
+                on_wait=self._server_wait,
+            )
             if cfg.critic.use_critic_rewards and not self.critic.serves_rewards:
                 raise ConfigError(
                     f"critic.use_critic_rewards: the critic server at {url} serves no rewards "
@@ -182,6 +188,10 @@ class PPOTrainer(ReinforceTrainer):
         if self.critic_process is not None:
             stop_server(self.critic_process)
             self.critic_process = None
+
+    def request_stop(self) -> None:
+        super().request_stop()
+        self._stop_waiting(self.critic)
 
     def fit(self, until_step: int | None = None) -> None:
         try:
@@ -338,6 +348,10 @@ class PPOTrainer(ReinforceTrainer):
         }
 
     # ----------------------------------------------------------------------------------------------- checkpoints
+    def _can_checkpoint_after(self, err: ServerUnavailableError) -> bool:
+        # A checkpoint holds the critic, which only its server can write.
+        return super()._can_checkpoint_after(err) and not isinstance(err, CriticServerUnavailableError)
+
     def _save_extra(self, folder: Path) -> None:
         self.critic.save(str(folder / CRITIC_DIR) + "/")
 

@@ -19,6 +19,12 @@ previous one, not the run.
 
 SIGTERM or a first Ctrl-C stops the run at the next step boundary with a checkpoint saved (`signals.py`).
 
+A reward (or PPO's critic) server that goes away is waited for, up to `reward.unavailable_timeout_s`
+(`critic.unavailable_timeout_s`): the clients retry with backoff and the trainer writes "waiting for reward server"
+and "... is back" events (`_server_wait`). Past the limit the step under way is dropped, the last completed step is
+checkpointed if it is not yet (`_give_up`), and the `ServerUnavailableError` ends the run (`aligner train: error:`).
+A stop request (SIGTERM) ends the waiting: the step is dropped and the run stops as it would at a step boundary.
+
 Under torchrun each rank generates for its share of the step's global prompts; the loss normaliser and the
 gradients are summed over ranks, so every rank takes the update one process would take on the whole batch.
 Metrics are reduced over ranks, and rank 0 alone writes files.
@@ -51,7 +57,7 @@ from aligner.algorithms.reinforce import (
 from aligner.config import TrainConfig, save_config
 from aligner.data.prompts import PromptDataset, PromptSampler, build_prompt_dataset, read_prompt_file
 from aligner.durable import fsync_file
-from aligner.errors import ConfigError, RunDirError
+from aligner.errors import ConfigError, RunDirError, ServerUnavailableError
 from aligner.generation.generator import GenerationOutput, TorchGenerator, resolve_compile
 from aligner.modeling.batches import ResponseBatch
 from aligner.modeling.device import keep_freed_memory, resolve_device
@@ -68,6 +74,7 @@ from aligner.modeling.lora import (
 )
 from aligner.modeling.reference import ReferencePolicy
 from aligner.rewards.build import build_reward_client
+from aligner.rewards.http import ServerWait
 from aligner.run_layout import (
     ADAPTER_DIR,
     BEST_FILE,
@@ -76,6 +83,7 @@ from aligner.run_layout import (
     MEGATRON_OPTIMIZER_FILE,
     STATE_FILE,
     checkpoint_name,
+    checkpoint_steps,
     damaged_message,
     list_checkpoints,
     resume_checkpoint,
@@ -124,6 +132,7 @@ class ReinforceTrainer:
         self.resumed_from: Path | None = None  # the checkpoint `setup(resume=True)` loaded
         self.skipped_checkpoints: list[tuple[int, str]] = []  # (step, reason) of damaged ones the resume set aside
         self._intact: tuple[int | None, Path | None] | None = None  # `_intact_checkpoint`'s answer, once verified
+        self.log: RunLog | None = None  # from the end of `setup`
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self, resume: bool = False) -> None:
@@ -159,7 +168,9 @@ class ReinforceTrainer:
         random.seed(cfg.seed)
         quiet_transformers()
         # None only for PPO taking its rewards from the critic server (PPOTrainer scores through it).
-        self.reward_client = build_reward_client(cfg.reward, device=self.device) if cfg.reward else None
+        self.reward_client = (
+            build_reward_client(cfg.reward, device=self.device, on_wait=self._server_wait) if cfg.reward else None
+        )
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.policy_path)
         self.train_data = build_prompt_dataset(
             train_records, self.tokenizer, cfg.data.apply_chat_template, cfg.data.max_prompt_length
@@ -285,18 +296,33 @@ class ReinforceTrainer:
         )
         with stop_on_signals(self):
             if self.step == 0:
-                self.log.log_metrics(0, self.validate())
+                try:
+                    self.log.log_metrics(0, self.validate())
+                except ServerUnavailableError as err:
+                    self._give_up(err)
             # Signals reach the ranks at different moments: they agree on stopping, or one would wait for the others.
             stop = distributed.any_rank(self._stop_requested)
             while self.step < cfg.max_steps and not stop:
-                prompt_indices = self.sampler.next_batch(self.config.reinforce.num_prompts_per_step)
-                rollout = self.rollout(prompt_indices, self.train_data)
-                metrics = {**rollout.metrics, **self.optimise(rollout)}
+                position, updating = self.sampler.state_dict(), False
+                try:
+                    prompt_indices = self.sampler.next_batch(self.config.reinforce.num_prompts_per_step)
+                    rollout = self.rollout(prompt_indices, self.train_data)
+                    updating = True  # from here the weights move: a step that fails now cannot be checkpointed
+                    metrics = {**rollout.metrics, **self.optimise(rollout)}
+                except ServerUnavailableError as err:
+                    self.sampler.load_state_dict(position)  # the failed step leaves no trace
+                    self._give_up(err, can_checkpoint=not updating)
+                    break  # a stop was requested while the server was away
                 self.step += 1
                 last = self.step == cfg.max_steps
                 if is_validation_step(self.step, cfg.val_check_interval, cfg.max_steps):
-                    with self.timers.time("validate"):
-                        metrics.update(self.validate())
+                    try:
+                        with self.timers.time("validate"):
+                            metrics.update(self.validate())
+                    except ServerUnavailableError as err:  # the step is done: logged and checkpointed unvalidated
+                        self.log.log_metrics(self.step, metrics)
+                        self._give_up(err)
+                        break
                 metrics.update(distributed.max_over_ranks(self.timers.pop()))  # a step waits for its slowest rank
                 self.log.log_metrics(self.step, metrics)
                 n = cfg.train_samples_to_log
@@ -324,9 +350,56 @@ class ReinforceTrainer:
         if self.reward_client is not None:
             self.reward_client.close()
 
+    # ----------------------------------------------------------------------------------------------- servers away
+    def _server_wait(self, wait: ServerWait) -> None:
+        """The reward and critic clients' `on_wait` (any thread): a server went away, is still away, or is back."""
+        if distributed.is_main():
+            print(wait.message, file=sys.stderr, flush=True)
+        # The clients connect during `setup`, before the run log exists: then the events file only.
+        log = self.log or RunLog(self.run_dir, enabled=distributed.is_main(), events_only=True)
+        level = "info" if wait.state == "back" else "warning"
+        fields = {"server": wait.server.split()[0], "url": wait.url, "wait": wait.state}
+        log.log_event(self.step, wait.message, level=level, waited_s=round(wait.waited_s, 1), **fields)
+
+    def _can_checkpoint_after(self, err: ServerUnavailableError) -> bool:
+        """Whether a checkpoint can be written with `err`'s server away. Not under torchrun: the other ranks may
+        not have failed, and a checkpoint is collective."""
+        return distributed.world_size() == 1
+
+    def _give_up(self, err: ServerUnavailableError, can_checkpoint: bool = True) -> None:
+        """`err`'s server stayed away past its limit: checkpoint the last completed step unless it is already (or
+        cannot be: the weights moved, or no step was done), then end the run with `err`, saying where to resume.
+        Returns, for `fit` to stop as a stop request does, when one came while the server was away."""
+        done = self.step in checkpoint_steps(self.run_dir)
+        if can_checkpoint and self.step > 0 and not done and self._can_checkpoint_after(err):
+            self.save_checkpoint()
+        server = (err.server or "server").split()[0]
+        if self._stop_requested:
+            message = f"stopped waiting for {err.server} {err.url}: the run was asked to stop"
+            self.log.log_event(self.step, message, level="warning", server=server, url=err.url, wait="stopped")
+            return
+        steps = checkpoint_steps(self.run_dir)
+        if steps:
+            where = f"its newest checkpoint is step {max(steps)}: resume the run (--resume) once the server is back"
+        else:
+            where = "it has no checkpoint: run it again once the server is back"
+        message = f"{err} The run stopped at step {self.step}; {where}."
+        self.log.log_event(self.step, message, level="error", server=server, url=err.url, wait="failed")
+        if self.reward_client is not None:
+            self.reward_client.close()  # requests still waiting give up
+        raise type(err)(message, server=err.server, url=err.url, waited_s=err.waited_s) from None
+
     def request_stop(self) -> None:
-        """Finish the current step, save a checkpoint, and return from `fit`."""
+        """Finish the current step, save a checkpoint, and return from `fit`. A step waiting for a server that is
+        away stops waiting: it is dropped, and the last completed step is checkpointed."""
         self._stop_requested = True
+        self._stop_waiting(getattr(self, "reward_client", None))  # none before `setup`
+
+    @staticmethod
+    def _stop_waiting(client) -> None:
+        stop_waiting = getattr(client, "stop_waiting", None)  # the clients of servers have it
+        if stop_waiting is not None:
+            stop_waiting()
 
     @property
     def stop_requested(self) -> bool:

@@ -50,11 +50,16 @@ def reward_change(values: list[float], window: int = 5) -> str:
 
 
 class RunLog:
-    def __init__(self, run_dir: Path, resume_step: int | None = None, enabled: bool = True):
+    def __init__(self, run_dir: Path, resume_step: int | None = None, enabled: bool = True, events_only: bool = False):
+        """`events_only`: for events before the run's position is known (the trainer's setup): the metrics and
+        samples files are left alone, and only `log_event` may be used."""
         self.enabled = enabled
         self.metrics_path, self.samples_path = run_dir / METRICS_FILE, run_dir / SAMPLES_FILE
         self.events_path = run_dir / EVENTS_FILE
         if not enabled:
+            return
+        if events_only:
+            run_dir.mkdir(parents=True, exist_ok=True)
             return
         for path in (self.metrics_path, self.samples_path):
             if resume_step is None:

@@ -51,6 +51,8 @@ def test_overrides_are_typed_and_nested(tmp_path, monkeypatch):
         ("model.dtyp=float32", "model.dtyp: unknown field"),
         ("generation.min_new_tokens=100", "min_new_tokens (100) must not exceed max_new_tokens (64)"),
         ("reward.model_path=rm", "give exactly one of reward.function, reward.model_path or reward.server_url"),
+        ("reward.unavailable_timeout_s=-1", "reward.unavailable_timeout_s: must be a number of seconds >= 0 (0: do"),
+        ("critic.unavailable_timeout_s=.inf", "critic.unavailable_timeout_s: must be a number of seconds >= 0"),
     ],
 )
 def test_bad_values_name_the_field(tmp_path, override, message):

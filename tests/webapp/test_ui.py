@@ -172,6 +172,26 @@ def test_parse_sse_and_event_log_keep_status_checkpoint_and_log_events():
     assert frames.event_log([]) == "(no events yet)"
 
 
+def test_trainer_events_show_their_level_and_a_server_wait_shows_under_the_status():
+    url = "http://rm:8000"
+    message = f"waiting for reward server {url}: connection refused; retrying for up to 600 s"
+    waiting = {"step": 3, "level": "warning", "server": "reward", "wait": "waiting", "url": url, "message": message}
+    back = {"step": 3, "level": "info", "server": "reward", "wait": "back", "message": f"reward server {url} is back"}
+    events = [
+        {"id": 1, "kind": "status", "data": {"status": "running"}},
+        {"id": 2, "kind": "log", "data": waiting},
+    ]
+    assert frames.event_log(events).splitlines()[1] == f"#2 log [warning] step 3: {waiting['message']}"
+    job = {"id": 4, "name": "j", "status": "running", "step": 3, "max_steps": 9}
+    assert f"**waiting** `{waiting['message']}`" in frames.job_summary(job, 3, events)
+    assert "waiting" not in frames.job_summary({**job, "status": "failed"}, 3, events)
+    for later in ({"id": 3, "kind": "log", "data": back}, {"id": 3, "kind": "status", "data": {"status": "failed"}}):
+        assert frames.server_waiting([*events, later]) is None
+    critic = {"id": 3, "kind": "log", "data": {**waiting, "server": "critic", "message": "waiting for critic x"}}
+    assert frames.server_waiting([*events, critic]) == "waiting for critic x"  # the newest
+    assert frames.server_waiting([*events, critic, {"id": 4, "kind": "log", "data": back}]) == "waiting for critic x"
+
+
 def test_field_errors_map_422_paths_to_form_fields():
     errors = {
         "config.optim.lr": ["Input should be greater than 0 (got -1)"],

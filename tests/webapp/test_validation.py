@@ -63,7 +63,12 @@ def test_bad_config_fields_are_422_each_named(client, token, config):
 @both_backends
 @pytest.mark.parametrize(
     ("section", "field", "value"),
-    [("trainer", "max_steps", 10**12), ("seed", None, 10**30), ("generation", "max_new_tokens", 10**9)],
+    [
+        ("trainer", "max_steps", 10**12),
+        ("seed", None, 10**30),
+        ("generation", "max_new_tokens", 10**9),
+        ("reward", "unavailable_timeout_s", 86_400.5),  # a float with a limit: a day
+    ],
 )
 def test_huge_values_are_422(client, token, config, section, field, value):
     if field is None:

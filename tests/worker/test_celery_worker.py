@@ -110,7 +110,7 @@ def test_reward_server_down_fails_the_job_and_the_worker_stays_up(service, job_c
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    config = job_config(reward={"function": None, "server_url": url, "max_retries": 1})
+    config = job_config(reward={"function": None, "server_url": url, "unavailable_timeout_s": 0.5})
     job_id = service.submit(config, run_dir=tmp_path / "run")
     job = service.wait_final(job_id)
     assert job.status == "failed"

@@ -170,7 +170,8 @@ def checkpoints_frame(body: dict) -> pd.DataFrame:
     )
 
 
-def job_summary(job: dict, num_steps_logged: int = 0) -> str:
+def job_summary(job: dict, num_steps_logged: int = 0, events: list[dict] | None = None) -> str:
+    """The job page's header; a running job waiting for its reward or critic server says so under its status."""
     reward = job.get("latest_reward")
     algorithm = job.get("algorithm") or "reinforce"
     lines = [
@@ -179,15 +180,39 @@ def job_summary(job: dict, num_steps_logged: int = 0) -> str:
         + ("" if reward is None else f" · **latest reward** {reward:+.4f}")
         + f" · **attempts** {job.get('attempts', 0)} · **metrics logged for** {num_steps_logged} steps",
     ]
+    waiting = server_waiting(events or []) if job["status"] == "running" else None
+    if waiting:
+        lines.append("**waiting** `" + waiting.replace("`", "'") + "`")
     if job.get("error"):
         lines.append(f"**error**\n```\n{job['error']}\n```")
     return "\n\n".join(lines)
 
 
+def server_waiting(events: list[dict]) -> str | None:
+    """The newest "waiting for reward/critic server ..." event (aligner/trainers/reinforce.py `_server_wait`) that no
+    "is back" (or failure) of that server, nor a status change of the job, has followed: its message, or None."""
+    waiting: dict[str, str] = {}  # server -> message, oldest first
+    for event in events:
+        data = event["data"]
+        if event["kind"] == "status":
+            waiting.clear()
+        elif event["kind"] == "log" and isinstance(data, dict) and "wait" in data:
+            server = str(data.get("server"))
+            waiting.pop(server, None)
+            if data["wait"] == "waiting":
+                waiting[server] = str(data.get("message", ""))
+    return list(waiting.values())[-1] if waiting else None
+
+
 def event_log(events: list[dict], last: int = 100) -> str:
+    """One line an event: `#12 log [warning] step 3: message` for the trainer's events, else the event's data."""
     lines = []
     for event in [e for e in events if e["kind"] in EVENT_KINDS_SHOWN][-last:]:
         data = event["data"]
+        if event["kind"] == "log" and isinstance(data, dict) and "message" in data:
+            step = f" step {data['step']}" if "step" in data else ""
+            lines.append(f"#{event['id']} log [{data.get('level', 'info')}]{step}: {data['message']}")
+            continue
         text = json.dumps(data, separators=(", ", ": ")) if not isinstance(data, str) else data
         lines.append(f"#{event['id']} {event['kind']}: {text}")
     return "\n".join(lines) or "(no events yet)"

@@ -401,7 +401,7 @@ def job_page_tab(session: Session) -> None:
         steps = {s for name, points in body["metrics"].items() if name.startswith("train_") for s, _ in points}
         frames = [gr.update(value=plot_value(frame), visible=shown) for _t, frame, shown in job_charts(job, body)]
         return [
-            job_summary(job, len(steps)),
+            job_summary(job, len(steps), events),
             *frames,
             plot_value(timers_frame(body)),
             event_log(events),

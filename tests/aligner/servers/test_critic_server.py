@@ -298,7 +298,7 @@ def _group(pgid: int) -> list[str]:
 def test_unreachable_server_is_a_clear_error_naming_the_url():
     port = free_port(3)
     with pytest.raises(CriticError, match=rf"http://127.0.0.1:{port} cannot be reached.*aligner serve-critic"):
-        RemoteCriticClient(f"127.0.0.1:{port}", timeout_s=1, max_retries=1, backoff_s=0.01)
+        RemoteCriticClient(f"127.0.0.1:{port}", timeout_s=1, backoff_s=0.01, unavailable_timeout_s=0.05)
 
 
 def test_cli_without_a_model_is_a_user_error(capsys, tmp_path):

@@ -108,7 +108,7 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(function_ser
     # Still serving, and the project's client reports a refused request without retrying it.
     assert RemoteRewardClient(function_server.url).score(["p"], ["ok"]).tolist() == [2.0]
     with pytest.raises(RewardError, match="refused"):
-        RemoteRewardClient(function_server.url, model_name="no_such_model")
+        RemoteRewardClient(function_server.url, model_name="no_such_model", backoff_s=0.01)
 
 
 def test_model_server_scores_text_and_tokens_like_the_in_process_model(model_server, reward_model_dir):
@@ -134,7 +134,7 @@ def test_model_server_scores_text_and_tokens_like_the_in_process_model(model_ser
 def test_unreachable_server_is_a_clear_error_naming_the_url():
     port = free_port(3)
     with pytest.raises(RewardError, match=rf"http://127.0.0.1:{port} cannot be reached"):
-        RemoteRewardClient(f"127.0.0.1:{port}", timeout_s=1, max_retries=1, backoff_s=0.01)
+        RemoteRewardClient(f"127.0.0.1:{port}", timeout_s=1, backoff_s=0.01, unavailable_timeout_s=0.05)
 
 
 def test_sigterm_stops_everything_and_removes_the_workspace():
