@@ -268,7 +268,7 @@ class Stack:
         config = {
             "model": {"policy": "chaos-policy", "num_threads": 1},
             "data": {"train_dataset": datasets["train"], "val_dataset": datasets["val"]},
-            "reward": {"server": "chaos-reward"},
+            "reward": {"server": "chaos-reward", "unavailable_timeout_s": 600},
             "generation": {"max_new_tokens": 8, "compile": False},
             "reinforce": {"num_prompts_per_step": 4, "num_rollouts_per_prompt": 2},
             "optim": {"lr": 1e-3, "warmup_steps": 1, "micro_batch_size": 8},
