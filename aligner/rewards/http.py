@@ -8,15 +8,16 @@ response) instead, which any NeMo-Aligner-compatible reward server understands. 
 (aligner/trainers/critic_client.py) talks to `aligner serve-critic`. Both send every request through one
 `ServerConnection`, which tells three kinds of failure apart:
 
-- **the server is away** (connection refused or reset, no answer within the timeout, HTTP 502/503/504, or Triton's
-  400/404 for a model that is loading, or that was served before and is gone while the server restarts): the request
-  is retried with exponential backoff (`backoff_s`, doubling, at most `max_backoff_s`) until the server answers or
-  `unavailable_timeout_s` has passed since it went away; then a `ServerUnavailableError` names the URL, the time
-  waited and the config key that sets the limit. The `on_wait` callback hears when the waiting starts (and at most
-  once a minute while it goes on: `REPORT_INTERVAL_S`) and when the server is back (`ServerWait`); `stop_waiting`
-  ends the waiting (a run asked to stop);
-- **a transient failure** of a server that answers (HTTP 429 or 500, a malformed status line): `max_retries`
-  retries with backoff;
+- **the server is away** (connection refused or reset, no answer within the timeout, HTTP 502/503/504, Triton's 400/404
+  for a model that is loading, or that was served before and is gone while the server restarts, or HTTP 500 while
+  `/v2/health/ready` says the server is not ready: a stopping Triton fails requests so for up to 30 s): the request is
+  retried with exponential backoff (`backoff_s`, doubling, at most `max_backoff_s`) until the server answers or
+  `unavailable_timeout_s` has passed since it went away; then a `ServerUnavailableError` names the URL, the time waited
+  and the config key that sets the limit. The `on_wait` callback hears when the waiting starts (and at most once a
+  minute while it goes on: `REPORT_INTERVAL_S`) and when the server is back (`ServerWait`); `stop_waiting` ends the
+  waiting (a run asked to stop);
+- **a transient failure** of a server that answers (HTTP 429, 500 from a server that says it is ready, a malformed
+  status line): `max_retries` retries with backoff;
 - **the request's fault** (any other 4xx, a 500 marked BAD_REQUEST, a redirect, an answer that is not a JSON
   object): an error at once.
 
@@ -45,6 +46,8 @@ import requests
 
 from aligner.errors import RewardError, RewardServerUnavailableError, ServerUnavailableError
 
+READY_PATH = "/v2/health/ready"
+READY_TIMEOUT_S = 2.0
 UNAVAILABLE_STATUS = {502, 503, 504}  # a gateway without its server, a server not (yet) serving
 TRANSIENT_STATUS = {429, 500}
 BAD_REQUEST = "bad request: "  # starts the message of an error a server blames on the request
@@ -225,7 +228,19 @@ class ServerConnection:
             raise self.error(f"{self.who} refused the request ({what}: {status}{why}; its log says why)")
         if not idempotent and code not in (429, 503):
             raise self.error(f"{self.who}: {what} failed ({status}); not retried: it may have been applied")
+        if code == 500 and not self._ready():
+            # A Triton server that is stopping keeps taking requests for up to 30 s and fails each with 500 once its
+            # Python side is gone (seen with PyTriton); its readiness says it is going away, not that the call is bad.
+            return "unavailable", f"{status} (the server is not ready: stopping or starting)"
         return ("unavailable" if code in UNAVAILABLE_STATUS else "transient"), status
+
+    def _ready(self) -> bool:
+        """Whether the server says it is ready (KServe v2 `GET /v2/health/ready` answers 200)."""
+        try:
+            response = self.session.get(f"{self.url}{READY_PATH}", timeout=READY_TIMEOUT_S, allow_redirects=False)
+        except requests.RequestException:
+            return False
+        return response.status_code == 200
 
     def _notify(self, wait: ServerWait) -> None:
         if self.on_wait is not None:

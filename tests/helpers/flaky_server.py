@@ -35,6 +35,7 @@ class FlakyServer:
         self.on_request = None  # called with the number of each request (from 1) as it arrives
         self._failures: list[str | None] = []  # modes of the next requests, in order (None: served)
         self._failing: str | None = None  # the mode of every request after those, until `recover`
+        self.ready = True  # what GET /v2/health/ready says (False: a server that is stopping or starting)
         self._lock = threading.Lock()
         self.httpd: ThreadingHTTPServer | None = None
         self.start()
@@ -70,6 +71,7 @@ class FlakyServer:
     def recover(self) -> None:
         with self._lock:
             self._failures, self._failing = [], None
+            self.ready = True
 
     def _next_failure(self) -> str | None:
         with self._lock:
@@ -101,6 +103,9 @@ def _handler(server: FlakyServer) -> type[BaseHTTPRequestHandler]:
             self.handle_request("POST", json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0))))
 
         def handle_request(self, method: str, body: dict | None) -> None:
+            if self.path == "/v2/health/ready":  # what a client asks after a 500: not one of the counted requests
+                self.send(200 if server.ready else 400, {})
+                return
             server.requests.append((method, self.path))
             if server.on_request is not None:
                 server.on_request(len(server.requests))

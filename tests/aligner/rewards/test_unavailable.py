@@ -61,6 +61,24 @@ def test_each_kind_of_unavailability_is_waited_for(server, mode):
     client.close()
 
 
+def test_a_stopping_server_that_fails_with_500_and_says_it_is_not_ready_is_waited_for(server):
+    """A stopping PyTriton keeps taking requests for up to 30 s and fails each with 500; its readiness says why. The
+    same 500 from a server that says it is ready stays a bounded retry (the next test)."""
+    time, waits = FakeTime(), []
+    client = reward_client(server, time, waits, max_retries=1)
+    server.fail("500", times=None)
+    server.ready = False
+
+    def back():
+        server.recover()
+
+    time.on_sleep(5, back)  # more than max_retries: only a wait gets this far
+    assert client.score(["p"], ["abc"]).shape == (1,)
+    assert states(waits) == ["waiting", "back"]
+    assert "HTTP 500 Internal Server Error (the server is not ready: stopping or starting)" in waits[0].message
+    client.close()
+
+
 def test_the_backoff_is_capped_and_a_long_wait_is_reported_once_a_minute(server):
     time, waits = FakeTime(), []
     client = reward_client(server, time, waits, max_backoff_s=20.0)
