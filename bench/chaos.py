@@ -198,6 +198,7 @@ class Stack:
             ALIGNER_DATA_DIR=str(self.data_dir), ALIGNER_LEASE_TIMEOUT="6", ALIGNER_SWEEP_INTERVAL="1",
             ALIGNER_REQUEUE_AFTER="10", ALIGNER_CANCEL_GRACE="20", ALIGNER_MAX_ATTEMPTS="6", PYTHONUNBUFFERED="1",
             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            ALIGNER_MAX_ACTIVE_JOBS=str(max(4, self.args.jobs)),  # one user submits them all
         )  # fmt: skip
         return env
 

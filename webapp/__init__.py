@@ -12,7 +12,7 @@ Config (create_app's test_config, else the environment):
     JOB_LIMITS             per-job caps over webapp.job_config's, e.g. {"model.num_threads": 8}; env ALIGNER_JOB_LIMITS
     SSE_POLL_INTERVAL, SSE_HEARTBEAT_INTERVAL   seconds (0.25, 15)
 
-Limits (webapp/limits.py, docs/security-limits.md), each defaulting to its environment variable:
+Limits (webapp/limits.py, docs/security.md "Limits"), each defaulting to its environment variable:
 
     SIGNIN_FAILURE_LIMIT         requests without a valid token per client address ("10 per minute"), then 429;
                                  env ALIGNER_SIGNIN_LIMIT

@@ -1,6 +1,6 @@
 """Limits an operator sets: failed sign-ins per client address (429 with Retry-After), and per user the active jobs
 (429), the bytes of uploaded datasets (413) and the open event streams (429). Each is an app config key whose default
-comes from an environment variable (SETTINGS; listed in webapp/__init__.py and docs/security-limits.md).
+comes from an environment variable (SETTINGS; listed in webapp/__init__.py and docs/security.md "Limits").
 
 Failed sign-ins are Flask-Limiter's: a shared limit on every blueprint that needs a token, checked before each
 request and deducted only when the answer is 401 (no, a wrong, an expired or a revoked token). Once an address has
