@@ -93,10 +93,16 @@ class Child:
         with suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
 
-    def stop(self, grace: float = 20) -> None:
+    def stop(self, grace: float = 20, main_only: bool = False) -> None:
+        """SIGTERM (to the main process alone with `main_only`, as `docker stop` does; else to the whole group),
+        then SIGKILL to the group after `grace` seconds."""
         if self.proc is None:
             return
-        self.signal_group(signal.SIGTERM)
+        if main_only:
+            with suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+        else:
+            self.signal_group(signal.SIGTERM)
         with suppress(subprocess.TimeoutExpired):
             self.proc.wait(grace)
         self.signal_group(signal.SIGKILL)
@@ -390,7 +396,7 @@ class Chaos:
         self.note("kill-trainer", f"job {job_id}: trainer pid {pid} SIGKILLed")
 
     def reward_outage(self, job_id, run_dir, owner, outage) -> None:
-        self.stack.reward.stop()
+        self.stack.reward.stop(grace=45, main_only=True)  # as its operator would stop it (docker stop, systemctl)
         self.note("reward-outage", f"reward server stopped for {outage:g} s (job {job_id} was at step 2+)")
         time.sleep(outage)
         self.stack.start_reward_server()
