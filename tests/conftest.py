@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 CORPUS = [
     "the cat is happy and kind.",
@@ -81,12 +85,28 @@ def reward_model_dir(tmp_path_factory, tiny_policy_dir) -> Path:
     return out
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """`build(folder)` once per test run, shared read-only: under pytest-xdist (`make test` runs two workers) the
+    first worker to ask builds it and the other waits for it, instead of building it again on the same cores."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each worker's own
+    folder = base / name
+    with FileLock(str(base / f"{name}.lock")):
+        if not (folder / ".built").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def demo_assets_dir(tmp_path_factory) -> Path:
     """The full demo folder of `aligner demo-assets` (about a minute to build): slow tests only."""
     from aligner.demo.assets import build_demo_assets
 
-    return build_demo_assets(tmp_path_factory.mktemp("demo") / "assets", seed=0, progress=False).parent
+    build = lambda folder: build_demo_assets(folder / "assets", seed=0, progress=False)  # noqa: E731
+    return built_once(tmp_path_factory, "demo", build) / "assets"
 
 
 @pytest.fixture

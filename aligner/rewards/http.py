@@ -48,6 +48,7 @@ from aligner.errors import RewardError, RewardServerUnavailableError, ServerUnav
 
 READY_PATH = "/v2/health/ready"
 READY_TIMEOUT_S = 2.0
+NOT_READY_STATUS = {400, 503}  # what /v2/health/ready answers for "not ready" (Triton: 400)
 UNAVAILABLE_STATUS = {502, 503, 504}  # a gateway without its server, a server not (yet) serving
 TRANSIENT_STATUS = {429, 500}
 BAD_REQUEST = "bad request: "  # starts the message of an error a server blames on the request
@@ -235,12 +236,14 @@ class ServerConnection:
         return ("unavailable" if code in UNAVAILABLE_STATUS else "transient"), status
 
     def _ready(self) -> bool:
-        """Whether the server says it is ready (KServe v2 `GET /v2/health/ready` answers 200)."""
+        """False when the server says it is not ready (KServe v2 `GET /v2/health/ready`: Triton answers 400 while it
+        stops or starts, a proxy 503) or no longer answers; any other answer, a server without that endpoint
+        included, counts as ready: its 500 is then the request's failure, not the server's absence."""
         try:
             response = self.session.get(f"{self.url}{READY_PATH}", timeout=READY_TIMEOUT_S, allow_redirects=False)
         except requests.RequestException:
             return False
-        return response.status_code == 200
+        return response.status_code not in NOT_READY_STATUS
 
     def _notify(self, wait: ServerWait) -> None:
         if self.on_wait is not None:
