@@ -82,6 +82,7 @@ from webapp.db import (
     QUEUED,
     RUNNING,
     SUCCEEDED,
+    Event,
     Job,
     TransitionConflict,
     add_event,
@@ -204,6 +205,9 @@ class JobRun:
             with session_scope(self.factory) as session:  # its message is alive (offered again): no sweep resends it
                 offered = update(Job).where(Job.id == self.job_id, Job.status == QUEUED).values(queued_at=utcnow())
                 session.execute(offered)
+                if num_gpus > len(self.settings.gpus):  # never here: the user learns why the job waits
+                    here = f"worker {socket.gethostname()} has {len(self.settings.gpus)} (ALIGNER_WORKER_GPUS)"
+                    self._say_once(session, f"the job needs {num_gpus} GPU(s) and {here}: it waits for another")
             return None, self.result("waiting_for_devices", num_gpus=num_gpus, devices=list(self.settings.gpus))
         self.devices = devices
         try:
@@ -216,6 +220,14 @@ class JobRun:
         if launch is None:
             self.devices.release()
         return launch, result
+
+    def _say_once(self, session: Session, message: str) -> None:
+        """A warning event, unless it is already the job's newest log event (a job offered again and again)."""
+        newest = session.scalar(
+            select(Event.payload).where(Event.job_id == self.job_id, Event.kind == "log").order_by(Event.id.desc())
+        )
+        if not newest or newest.get("message") != message:
+            add_event(session, self.job_id, "log", {"message": message, "level": "warning"})
 
     def _lease_and_prepare(self) -> tuple[Launch | None, dict[str, Any] | None]:
         with session_scope(self.factory) as session:

@@ -182,3 +182,16 @@ def test_jobs_get_gpus_of_their_own(factory, tmp_path, job_config):
         assert run.join()["outcome"] == "succeeded"
     assert job_row(factory, first).devices is None  # released with the run
     assert run_job(third, s, factory)["outcome"] == "succeeded"
+
+
+def test_a_job_needing_more_gpus_than_the_worker_has_says_so_once(factory, tmp_path):
+    """Offered to a worker with two devices again and again, a three-GPU job stays queued and its user reads why,
+    once; a job merely waiting for busy devices says nothing (that is queueing)."""
+    s = settings(tmp_path, gpus=("0", "1"), device_lock_dir=tmp_path / "locks")
+    job_id = create_job(factory, {}, num_gpus=3)
+    for _ in range(3):
+        assert run_job(job_id, s, factory)["outcome"] == "waiting_for_devices"
+    messages = [m for m in log_messages(factory, job_id) if "GPU" in m]
+    assert len(messages) == 1 and "needs 3 GPU(s)" in messages[0] and "waits for another" in messages[0]
+    assert "has 2 (ALIGNER_WORKER_GPUS)" in messages[0]
+    assert job_row(factory, job_id).status == "queued"
