@@ -48,6 +48,7 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).parent)]
 from api_load import postgres_schema  # noqa: E402  (bench/, next to this file)
 
 from aligner.processes import free_port  # noqa: E402
+from webapp.stack import http_ok, port_open  # noqa: E402
 
 POSTGRES_URL = os.environ.get("ALIGNER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REWARD_METRIC = "train_rollouts/rewards"
@@ -119,21 +120,6 @@ def wait_until(check, timeout: float, what: str, child: Child | None = None, int
             return value
         time.sleep(interval)
     raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def port_open(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def http_ok(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 class Broker:

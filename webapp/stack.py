@@ -143,7 +143,7 @@ class Stack:
             redis_dir = self.data_dir / "redis"
             redis_dir.mkdir(exist_ok=True)
             self._spawn("redis", redis_command(redis_server_binary(), port, redis_dir))
-            self._wait_until("redis", lambda: _port_open(port))
+            self._wait_until("redis", lambda: port_open(port))
             broker = f"redis://127.0.0.1:{port}/0"
         self.env["ALIGNER_BROKER_URL"] = broker
         _status(f"broker {broker}")
@@ -155,7 +155,7 @@ class Stack:
             self._spawn("reward_server", [sys.executable, "-m", "aligner.cli", "serve-reward", *source,
                                           "--port", str(port)])  # fmt: skip
             url = f"http://127.0.0.1:{port}"
-            self._wait_until("reward_server", lambda: _http_ok(f"{url}/v2/health/ready"))
+            self._wait_until("reward_server", lambda: http_ok(f"{url}/v2/health/ready"))
             self.urls["reward_url"] = url
             _status(f"reward server {url}")
 
@@ -166,13 +166,13 @@ class Stack:
         self._spawn("api", [sys.executable, "-m", "flask", "--app", "webapp", "run", "--host", self.host,
                             "--port", str(port), "--with-threads", "--no-reload", "--no-debugger"])  # fmt: skip
         api = f"http://{self.host}:{port}"
-        self._wait_until("api", lambda: _http_ok(f"{api}/api/v1/health"))
+        self._wait_until("api", lambda: http_ok(f"{api}/api/v1/health"))
 
         port = free_port()
         self._spawn("ui", [sys.executable, "-m", "aligner.cli", "ui", "--api-url", api, "--host", self.host,
                            "--port", str(port), "--data-dir", str(self.data_dir)])  # fmt: skip
         ui = f"http://{self.host}:{port}"
-        self._wait_until("ui", lambda: _http_ok(f"{ui}/"))
+        self._wait_until("ui", lambda: http_ok(f"{ui}/"))
         self.urls.update(api_url=api, ui_url=ui, token=self._token())
         pids = {name: proc.pid for name, proc in self.children.items()}  # each the leader of its process group
         from webapp.db import create_private_file
@@ -340,13 +340,15 @@ def _group_exists(pgid: int) -> bool:
     return True
 
 
-def _port_open(port: int) -> bool:
+def port_open(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:`port`."""
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _http_ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
+    """Whether GET `url` answers 200 within a second."""
     try:
         return requests.get(url, timeout=1).status_code == 200
     except requests.RequestException:

@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from worker.run_files import CRITIC_PID_FILE, JOB_CONFIG_FILE, TRAINER_PID_FILE
@@ -66,9 +67,9 @@ def wait_group_gone(pgid: int, timeout: float) -> bool:
     return False
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live processes of this host in process group `pgid` (from /proc; zombies, dead already, are left out)."""
-    members = []
+def _live_processes() -> Iterator[tuple[int, list[str]]]:
+    """(pid, [state, ppid, pgrp, ...]) of each live process of this host, from /proc (zombies, dead already, are
+    left out)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -76,10 +77,20 @@ def group_members(pgid: int) -> list[int]:
             stat = (proc / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state, ppid, pgrp, ...
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            members.append(int(proc.name))
-    return members
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": comm may hold spaces and parentheses
+        if len(fields) > 2 and fields[0] != "Z":
+            yield int(proc.name), fields
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of this host in process group `pgid`."""
+    return [pid for pid, fields in _live_processes() if fields[2] == str(pgid)]
+
+
+def child_pids(parent: int | None = None) -> list[int]:
+    """Live children of `parent` (default: this process)."""
+    parent = os.getpid() if parent is None else parent
+    return [pid for pid, fields in _live_processes() if fields[1] == str(parent)]
 
 
 def cmdline(pid: int) -> str:

@@ -156,6 +156,11 @@ def failure_message(returncode: int, tail: str) -> str:
     return f"{head}\n\n--- last lines of {TRAIN_LOG_FILE} ---\n{tail}"
 
 
+def starting_point(step: int | None) -> str:
+    """Where a run of the job starts, in words: "checkpoint step N", or "the beginning" without a checkpoint."""
+    return "the beginning" if step is None else f"checkpoint step {step}"
+
+
 # ------------------------------------------------------------------------------------------------- a run
 @dataclass
 class Launch:
@@ -250,7 +255,7 @@ class JobRun:
             except (ValueError, OSError) as err:  # a bad stored config, an unusable run directory
                 transition(session, job, FAILED, error=f"cannot start the job: {err}", devices=None)
                 return None, self.result(FAILED, error=job.error)
-            where = f"checkpoint step {launch.resume_step}" if launch.resume_step is not None else "the beginning"
+            where = starting_point(launch.resume_step)
             on = f" with GPU {self.devices.visible_devices}" if self.devices.devices else ""
             add_event(
                 session,
@@ -494,13 +499,13 @@ class JobRun:
                 return self._lost_lease()
             cancelled = job.cancel_requested or job.status == CANCELLING
             completed = returncode == 0 and job.step >= job.max_steps and (launch.run_dir / FINAL_POLICY_DIR).is_dir()
-            checkpoints = checkpoint_steps(launch.run_dir)
-            where = f"checkpoint step {max(checkpoints)}" if checkpoints else "the beginning"
+            newest = max(checkpoint_steps(launch.run_dir), default=None)
+            where = starting_point(newest)
             signalled = returncode < 0 and -returncode in signal.valid_signals()
             if completed:
                 transition(session, job, SUCCEEDED, error=None, devices=None)
             elif cancelled:
-                note = f"stopped at {where}" if checkpoints else "stopped before a checkpoint"
+                note = f"stopped at {where}" if newest is not None else "stopped before a checkpoint"
                 if killed:
                     note += f"; killed {settings.cancel_grace:.0f} s after SIGTERM"
                 transition(session, job, CANCELLED, error=None, devices=None)
@@ -547,8 +552,7 @@ class JobRun:
                 transition(session, job, CANCELLED, error=None, devices=None)
                 add_event(session, job.id, "log", {"message": f"{reason} while the job was being cancelled"})
                 return self.result(CANCELLED)
-            checkpoints = checkpoint_steps(launch.run_dir)
-            where = f"checkpoint step {max(checkpoints)}" if checkpoints else "the beginning"
+            where = starting_point(max(checkpoint_steps(launch.run_dir), default=None))
             attempts = max(job.attempts - 1, 0)  # a deploy is not the job's fault
             transition(session, job, QUEUED, worker=None, heartbeat_at=None, devices=None, attempts=attempts)
             message = f"{reason}: the job went back to the queue and resumes from {where} (no attempt counted)"

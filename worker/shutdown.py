@@ -18,7 +18,8 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
-from pathlib import Path
+
+from worker.processes import child_pids
 
 log = logging.getLogger(__name__)
 
@@ -71,16 +72,3 @@ def stop_pool_processes() -> list[int]:
                 os.kill(pid, signal.SIGTERM)
                 signalled.append(pid)
     return signalled
-
-
-def child_pids(parent: int | None = None) -> list[int]:
-    """The pids whose parent is `parent` (default: this process), from /proc (Linux; elsewhere none)."""
-    parent = os.getpid() if parent is None else parent
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) == parent:
-                found.append(int(stat.parent.name))
-    return found

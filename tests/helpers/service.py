@@ -23,6 +23,7 @@ from sqlalchemy import text
 from tests.helpers.catalogue import api_config
 from tests.helpers.databases import POSTGRES_URL
 from webapp.db import FINAL_STATUSES, Base, Job, User, make_engine, make_session_factory, session_scope
+from worker.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("ALIGNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
@@ -92,6 +93,16 @@ def create_job(factory, config: dict, run_dir: Path | None = None, data_dir: Pat
         session.add(job)
         session.flush()
         return job.id
+
+
+def worker_settings(tmp_path: Path, **fields) -> Settings:
+    """The worker's settings for a test run without Celery: data in TMP/data, a 5 s lease unless `fields` say."""
+    return Settings(database_url="unused", data_dir=tmp_path / "data", **{"lease_timeout": 5.0, **fields})
+
+
+def job_row(factory, job_id: int) -> Job:
+    with session_scope(factory) as session:
+        return session.get(Job, job_id)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:

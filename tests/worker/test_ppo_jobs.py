@@ -26,7 +26,7 @@ import yaml
 from sqlalchemy import select
 
 from aligner.run_layout import CRITIC_LOG
-from tests.helpers.service import PgSchema, Service, create_job, wait_for
+from tests.helpers.service import PgSchema, Service, create_job, job_row, wait_for
 from webapp.db import Base, Event, Job, Metric, make_engine, make_session_factory, session_scope, transition
 from worker.processes import group_members, kill_leftover_critic
 from worker.recovery import requeue_stale_jobs
@@ -124,11 +124,6 @@ def messages(factory, job_id) -> list[str]:
     with session_scope(factory) as session:
         stmt = select(Event).where(Event.job_id == job_id, Event.kind == "log").order_by(Event.id)
         return [e.payload["message"] for e in session.scalars(stmt)]
-
-
-def job_row(factory, job_id) -> Job:
-    with session_scope(factory) as session:
-        return session.get(Job, job_id)
 
 
 def report(run_dir: Path) -> dict:

@@ -14,23 +14,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from tests.helpers.service import create_job, wait_for
-from webapp.db import Event, Job, Metric, session_scope, utcnow
+from tests.helpers.service import create_job, job_row, wait_for, worker_settings
+from webapp.db import Event, Metric, session_scope, utcnow
 from worker import shutdown
 from worker.recovery import resend_queued_jobs
 from worker.runner import run_job
-from worker.settings import Settings
 
 PACED = {"function": "tests.helpers.rewards:paced_letter_reward"}  # >= 0.1 s a step: the test acts between steps
-
-
-def settings(tmp_path, **kw) -> Settings:
-    return Settings(database_url="unused", data_dir=tmp_path / "data", **{"lease_timeout": 5.0, **kw})
-
-
-def job_row(factory, job_id) -> Job:
-    with session_scope(factory) as session:
-        return session.get(Job, job_id)
 
 
 def log_messages(factory, job_id) -> list[str]:
@@ -77,7 +67,7 @@ def test_the_sweep_sends_again_a_queued_job_no_worker_took(factory, tmp_path):
     fresh = create_job(factory, {}, queued_at=utcnow())
     legacy = create_job(factory, {})  # queued before queued_at existed
     running = create_job(factory, {}, status="running", queued_at=old, worker="w", heartbeat_at=utcnow())
-    s = settings(tmp_path, requeue_after=120)
+    s = worker_settings(tmp_path, requeue_after=120)
     sent = []
     assert resend_queued_jobs(s, factory, send=sent.append) == [lost, legacy] == sent
     assert resend_queued_jobs(s, factory, send=sent.append) == []  # just sent: not again before requeue_after
@@ -87,7 +77,7 @@ def test_the_sweep_sends_again_a_queued_job_no_worker_took(factory, tmp_path):
     def broker_down(_job_id):
         raise ConnectionError("broker down")
 
-    again = settings(tmp_path, requeue_after=0)
+    again = worker_settings(tmp_path, requeue_after=0)
     assert resend_queued_jobs(again, factory, send=broker_down) == []
     assert job_row(factory, lost).queued_at is None  # the next sweep tries at once
     assert resend_queued_jobs(again, factory, send=sent.append) == [lost, fresh, legacy]
@@ -101,7 +91,7 @@ def test_a_stopping_worker_hands_the_job_back_at_a_checkpoint(factory, tmp_path,
     max_steps = 40
     config = job_config(max_steps=max_steps, save_interval=100, val_check_interval=100, reward=PACED)
     job_id = create_job(factory, config, tmp_path / "run")
-    s, sent = settings(tmp_path, cancel_grace=30), []
+    s, sent = worker_settings(tmp_path, cancel_grace=30), []
     try:
         run = Background(job_id, s, factory, send=sent.append)
         wait_for(lambda: job_row(factory, job_id).step >= 3, 60, "3 steps")
@@ -135,7 +125,7 @@ def test_a_trainer_killed_from_outside_is_requeued_and_resumes(factory, tmp_path
     max_steps = 30
     config = job_config(max_steps=max_steps, save_interval=2, val_check_interval=100, reward=PACED)
     job_id = create_job(factory, config, tmp_path / "run")
-    s, sent = settings(tmp_path, max_attempts=3), []
+    s, sent = worker_settings(tmp_path, max_attempts=3), []
     run = Background(job_id, s, factory, send=sent.append)
     wait_for(lambda: job_row(factory, job_id).step >= 5, 60, "5 steps")
     os.kill(json.loads((tmp_path / "run" / "trainer.pid").read_text())["pid"], signal.SIGKILL)
@@ -161,7 +151,7 @@ def trainer_env(run_dir: Path) -> dict[str, str]:
 def test_jobs_get_gpus_of_their_own(factory, tmp_path, job_config):
     """Two fake devices: two one-GPU jobs run at once, each seeing only its device; a third waits; a CPU job sees
     none. The devices are free again when the runs end."""
-    s = settings(tmp_path, gpus=("0", "1"), device_lock_dir=tmp_path / "locks")
+    s = worker_settings(tmp_path, gpus=("0", "1"), device_lock_dir=tmp_path / "locks")
     config = job_config(max_steps=30, save_interval=100, val_check_interval=100, reward=PACED)
     first, second, third = (create_job(factory, config, tmp_path / f"run{i}", num_gpus=1) for i in range(3))
     cpu = create_job(factory, config, tmp_path / "run_cpu", num_gpus=0)
@@ -187,7 +177,7 @@ def test_jobs_get_gpus_of_their_own(factory, tmp_path, job_config):
 def test_a_job_needing_more_gpus_than_the_worker_has_says_so_once(factory, tmp_path):
     """Offered to a worker with two devices again and again, a three-GPU job stays queued and its user reads why,
     once; a job merely waiting for busy devices says nothing (that is queueing)."""
-    s = settings(tmp_path, gpus=("0", "1"), device_lock_dir=tmp_path / "locks")
+    s = worker_settings(tmp_path, gpus=("0", "1"), device_lock_dir=tmp_path / "locks")
     job_id = create_job(factory, {}, num_gpus=3)
     for _ in range(3):
         assert run_job(job_id, s, factory)["outcome"] == "waiting_for_devices"

@@ -13,21 +13,11 @@ from sqlalchemy.exc import OperationalError
 from aligner.run_layout import CHECKPOINT_DIR, CRITIC_LOG, METRICS_FILE, STATE_FILE, checkpoint_steps
 from aligner.trainers.run_log import read_jsonl
 from tests.helpers.checkpoints import FILES, tear, write_checkpoint
-from tests.helpers.service import create_job
+from tests.helpers.service import create_job, job_row, worker_settings
 from webapp.db import Checkpoint, Event, Job, Metric, Sample, session_scope, utcnow
 from worker.lease import take_lease
 from worker.recovery import requeue_stale_jobs
 from worker.runner import JobRun, failure_message, run_job, trainer_command
-from worker.settings import Settings
-
-
-def settings(tmp_path, **kw) -> Settings:
-    return Settings(database_url="unused", data_dir=tmp_path / "data", **{"lease_timeout": 5.0, **kw})
-
-
-def job_row(factory, job_id) -> Job:
-    with session_scope(factory) as session:
-        return session.get(Job, job_id)
 
 
 def n_events(factory, job_id) -> int:
@@ -43,7 +33,7 @@ def set_fields(factory, job_id, **fields) -> None:
 
 
 def test_lease_is_taken_once_until_it_goes_stale(factory, tmp_path):
-    s = settings(tmp_path)
+    s = worker_settings(tmp_path)
     job_id = create_job(factory, {})
     with session_scope(factory) as session:
         assert take_lease(session, job_id, "a", s)  # queued
@@ -63,7 +53,7 @@ def test_a_second_copy_stands_down_without_touching_anything(factory, tmp_path):
     job_id = create_job(factory, {}, status="running", worker="other:1:x", heartbeat_at=utcnow(), attempts=1)
     before = job_row(factory, job_id)
     events = n_events(factory, job_id)
-    result = run_job(job_id, settings(tmp_path), factory)
+    result = run_job(job_id, worker_settings(tmp_path), factory)
     assert result["outcome"] == "stood_down"
     after = job_row(factory, job_id)
     assert (after.status, after.worker, after.heartbeat_at, after.attempts) == (
@@ -74,14 +64,14 @@ def test_a_second_copy_stands_down_without_touching_anything(factory, tmp_path):
 
 def test_a_job_cancelled_while_queued_never_starts(factory, tmp_path):
     job_id = create_job(factory, {}, cancel_requested=True)
-    assert run_job(job_id, settings(tmp_path), factory)["outcome"] == "cancelled"
+    assert run_job(job_id, worker_settings(tmp_path), factory)["outcome"] == "cancelled"
     assert job_row(factory, job_id).status == "cancelled"
     assert not (tmp_path / "data").exists()
 
 
 def test_a_bad_config_fails_naming_the_field(factory, tmp_path, job_config):
     job_id = create_job(factory, job_config(optim={"lr": -1}), tmp_path / "run")
-    assert run_job(job_id, settings(tmp_path), factory)["outcome"] == "failed"
+    assert run_job(job_id, worker_settings(tmp_path), factory)["outcome"] == "failed"
     job = job_row(factory, job_id)
     assert job.status == "failed" and "optim.lr" in job.error and not (tmp_path / "run" / "train.log").exists()
 
@@ -95,7 +85,7 @@ def test_a_two_process_job_runs_under_torchrun(tmp_path, job_config):
     Base.metadata.create_all(engine)
     factory = make_session_factory(engine)
     job_id = create_job(factory, job_config(max_steps=2), tmp_path / "run", num_processes=2)
-    result = run_job(job_id, settings(tmp_path), factory)
+    result = run_job(job_id, worker_settings(tmp_path), factory)
     assert result["outcome"] == "succeeded", result
     job = job_row(factory, job_id)
     assert (job.status, job.step, job.attempts, job.error) == ("succeeded", 2, 1, None)
@@ -136,7 +126,7 @@ def test_the_sweep_requeues_fails_or_cancels_lost_jobs(factory, tmp_path):
     exhausted = create_job(factory, {}, status="running", worker="w:3:c", heartbeat_at=old, attempts=3)
     cancelling = create_job(factory, {}, status="cancelling", worker="w:4:d", heartbeat_at=old, attempts=1)
     sent = []
-    s = settings(tmp_path, max_attempts=3)
+    s = worker_settings(tmp_path, max_attempts=3)
     recovered = requeue_stale_jobs(s, factory, send=sent.append)
     assert sorted(recovered) == [(lost, "queued"), (exhausted, "failed"), (cancelling, "cancelled")]
     assert sent == [lost]
@@ -174,7 +164,7 @@ def test_a_tiny_job_runs_in_process_on_sqlite(tmp_path, job_config):
     factory = make_session_factory(engine)
     job_id = create_job(factory, job_config(max_steps=3), tmp_path / "run")
     flaky = FlakyFactory(factory, first=4, last=8)  # 1: lease, 2: ingestor, 3...: ticks of 0.5 s
-    result = run_job(job_id, settings(tmp_path), flaky)
+    result = run_job(job_id, worker_settings(tmp_path), flaky)
     assert result["outcome"] == "succeeded", result
     assert flaky.failures == 5
     job = job_row(factory, job_id)
@@ -203,7 +193,7 @@ def test_a_stopped_worker_kills_its_trainer_and_releases_the_lease(factory, tmp_
         real_sleep(seconds)
 
     monkeypatch.setattr(runner.time, "sleep", sleep)
-    run = runner.JobRun(job_id, settings(tmp_path), factory)
+    run = runner.JobRun(job_id, worker_settings(tmp_path), factory)
     with pytest.raises(KeyboardInterrupt):
         run.run()
     monkeypatch.undo()
@@ -211,7 +201,7 @@ def test_a_stopped_worker_kills_its_trainer_and_releases_the_lease(factory, tmp_
     job = job_row(factory, job_id)
     assert (job.status, job.heartbeat_at) == ("running", None)
     sent = []
-    assert requeue_stale_jobs(settings(tmp_path), factory, send=sent.append) == [(job_id, "queued")]
+    assert requeue_stale_jobs(worker_settings(tmp_path), factory, send=sent.append) == [(job_id, "queued")]
     assert sent == [job_id]
 
 
@@ -228,7 +218,7 @@ def test_the_trainer_gets_none_of_the_workers_credentials(tmp_path, job_config, 
     config = job_config(max_steps=1, save_interval=1, val_check_interval=1)
     config["reward"] = {"function": "tests.helpers.rewards:confined_letter_reward"}
     job_id = create_job(factory, config, tmp_path / "run")
-    result = run_job(job_id, settings(tmp_path), factory)
+    result = run_job(job_id, worker_settings(tmp_path), factory)
     assert result["outcome"] == "succeeded", result
     engine.dispose()
 
@@ -240,7 +230,7 @@ def test_a_critic_override_a_job_may_not_set_fails_it_at_launch(factory, tmp_pat
     (tmp_path / "critic_rm").mkdir()  # a catalogue folder that exists: the override alone is refused
     config["critic"] = {"model_path": str(tmp_path / "critic_rm"), "server_overrides": ["lr=1e-3", "host=0.0.0.0"]}
     job_id = create_job(factory, config, tmp_path / "run")
-    assert run_job(job_id, settings(tmp_path), factory)["outcome"] == "failed"
+    assert run_job(job_id, worker_settings(tmp_path), factory)["outcome"] == "failed"
     error = job_row(factory, job_id).error
     assert error.startswith("cannot start the job: the job's config is refused at launch: ")
     assert "config.critic.server_overrides" in error
@@ -260,7 +250,7 @@ def test_a_torn_newest_checkpoint_is_skipped_and_what_follows_the_one_before_is_
         session.add_all(Metric(job_id=job_id, step=s, name="r", value=1.0) for s in range(5))
         session.add_all(Checkpoint(job_id=job_id, step=s, path=str(run_dir / f"step_{s}")) for s in (2, 4))
 
-    launch, done = JobRun(job_id, settings(tmp_path), factory).start()
+    launch, done = JobRun(job_id, worker_settings(tmp_path), factory).start()
     assert done is None and launch.resume_step == 2 and launch.command[-1] == "--resume"
     assert set(checkpoint_steps(run_dir)) == {2} and (run_dir / CHECKPOINT_DIR / "step_000004.damaged").is_dir()
     with session_scope(factory) as session:
