@@ -79,6 +79,7 @@ class Session:
     job_id: gr.Number
     timer: gr.Timer
     signed: gr.Markdown
+    open_tab: gr.State | None = None  # the id of the tab on screen: only its refreshes run on the timer
     ticked: Any = None  # the timer's first event (jobs_tab): the other refreshes follow it
 
     def api(self, token: str | None) -> Api:
@@ -119,9 +120,24 @@ class Session:
         except ApiError as err:
             return [gr.update(), *(self.signed_out() if err.rejected else self.unchanged())]
 
-    def every_tick(self, fn: Callable, inputs: list, outputs: list) -> None:
-        """Run `fn` on every tick, after the Jobs table's refresh (by then a rejected token is gone)."""
-        self.ticked.then(fn, inputs, outputs, show_progress="hidden")
+    def every_tick(self, fn: Callable, inputs: list, outputs: list, tab: str | None = None) -> None:
+        """Run `fn` on every tick, after the Jobs table's refresh (by then a rejected token is gone); with `tab`, only
+        while that tab is the open one (a hidden tab neither asks the API nor redraws: it catches up when opened, as
+        `follow_tab` wires its refresh to the tab's selection)."""
+        if tab is None:
+            self.ticked.then(fn, inputs, outputs, show_progress="hidden")
+            return
+
+        def gated(open_tab: str, *values):
+            return fn(*values) if open_tab == tab else [gr.skip()] * len(outputs)
+
+        self.ticked.then(gated, [self.open_tab, *inputs], outputs, show_progress="hidden")
+
+    def follow_tab(self, tab: gr.Tab, tab_id: str, refresh: Callable | None = None, inputs=None, outputs=None) -> None:
+        """Selecting `tab` makes it the open one and, with `refresh`, brings its view up to date at once."""
+        selected = tab.select(lambda: tab_id, None, self.open_tab, show_progress="hidden")
+        if refresh is not None:
+            selected.then(refresh, inputs, outputs, show_progress="hidden")
 
 
 @dataclass
@@ -157,7 +173,8 @@ def header(api_url: str) -> tuple[Session, SignIn]:
         job_id = gr.Number(label="Selected job id", precision=0, elem_id="job-id", scale=1)
     signed = gr.Markdown("Not signed in.", elem_id="signed-in")
     timer = gr.Timer(REFRESH_S)
-    return Session(api_url, token_state, job_id, timer, signed), SignIn(token_box, sign_in, signed)
+    session = Session(api_url, token_state, job_id, timer, signed, open_tab=gr.State("jobs"))
+    return session, SignIn(token_box, sign_in, signed)
 
 
 def wire_sign_in(session: Session, sign_in: SignIn, jobs_table: gr.Dataframe) -> None:
@@ -171,7 +188,7 @@ def wire_sign_in(session: Session, sign_in: SignIn, jobs_table: gr.Dataframe) ->
 def jobs_tab(session: Session) -> gr.Dataframe:
     """Your jobs, refreshed on the timer; a click on a row selects the job; cancel, resume or retry it. Returns the
     table (signing in fills it)."""
-    with gr.Tab("Jobs", id="jobs"):
+    with gr.Tab("Jobs", id="jobs") as tab:
         jobs_table = gr.Dataframe(
             value=pd.DataFrame(columns=JOB_COLUMNS),
             interactive=False,
@@ -208,6 +225,7 @@ def jobs_tab(session: Session) -> gr.Dataframe:
     session.ticked = session.timer.tick(
         session.refresh_jobs, [session.token], [jobs_table, *session.auth_outputs], show_progress="hidden"
     )
+    session.follow_tab(tab, "jobs")
     jobs_table.select(select_row, [jobs_table], [session.job_id])
     for button, kind in ((cancel_btn, "cancel"), (resume_btn, "resume"), (retry_btn, "retry")):
         outputs = [action_msg, jobs_table, *session.auth_outputs]
@@ -286,7 +304,7 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
     """The form (a preset fills it; its drop-downs list the catalogue and your datasets, filled at sign-in and by
     Refresh lists), the advanced YAML under it, and Submit: a 422 shows under the fields it concerns; the new job
     becomes the selected one."""
-    with gr.Tab("New job", id="new"):
+    with gr.Tab("New job", id="new") as tab:
         with gr.Row():
             preset = gr.Dropdown(list(preset_map), value="defaults", label="Preset", elem_id="preset", scale=4)
             refresh = gr.Button("Refresh lists", elem_id="refresh-lists", scale=1)
@@ -340,6 +358,7 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
     def describe_function(choices: dict, name: str | None):
         return catalogue.function_help(choices.get("functions", {}), name)
 
+    session.follow_tab(tab, "new")
     pickers = [inputs[key] for key in PICKERS]
     list_outputs = [lists, lists_msg, *pickers, function_help, *session.auth_outputs]
     for trigger in (refresh.click, session.token.change):
@@ -370,7 +389,7 @@ def _line_plot(title: str, y_title: str, elem_id: str, names: list[str], visible
 
 def job_page_tab(session: Session) -> None:
     """The selected job: summary, metric charts (PPO's too for a PPO job), time per step, event log, checkpoints."""
-    with gr.Tab("Job page", id="job"):
+    with gr.Tab("Job page", id="job") as tab:
         summary = gr.Markdown("Select a job.", elem_id="job-summary")
         with gr.Row():
             # PPO's charts appear for a PPO job
@@ -409,14 +428,15 @@ def job_page_tab(session: Session) -> None:
         ]
 
     page_outputs = [summary, *plots, timers_plot, events_box, checkpoints]
-    session.every_tick(refresh_job_page, [session.token, session.job_id], page_outputs)
+    session.every_tick(refresh_job_page, [session.token, session.job_id], page_outputs, tab="job")
+    session.follow_tab(tab, "job", refresh_job_page, [session.token, session.job_id], page_outputs)
     session.job_id.change(refresh_job_page, [session.token, session.job_id], page_outputs, show_progress="hidden")
 
 
 def samples_tab(session: Session) -> None:
     """The selected job's generations filtered by step, split and reward, a page at a time; one validation prompt
     followed across steps."""
-    with gr.Tab("Samples", id="samples"):
+    with gr.Tab("Samples", id="samples") as tab:
         with gr.Row():
             s_step = gr.Textbox(label="Step (empty: all)", elem_id="s-step")
             s_split = gr.Radio(["all", "train", "validation"], value="all", label="Split", elem_id="s-split")
@@ -471,18 +491,20 @@ def samples_tab(session: Session) -> None:
         return gr.update(choices=choices, value=prompt), prompt_history(items, prompt)
 
     sample_inputs = [session.token, session.job_id, s_step, s_split, s_min, s_max, s_page]
-    session.every_tick(refresh_samples, sample_inputs, [samples_info, samples_table])
+    session.every_tick(refresh_samples, sample_inputs, [samples_info, samples_table], tab="samples")
+    session.follow_tab(tab, "samples", refresh_samples, sample_inputs, [samples_info, samples_table])
     for trigger in (session.job_id.change, s_step.submit, s_split.change, s_page.change):
         trigger(refresh_samples, sample_inputs, [samples_info, samples_table], show_progress="hidden")
     follow_inputs = [session.token, session.job_id, follow]
-    session.every_tick(refresh_follow, follow_inputs, [follow, follow_table])
+    session.every_tick(refresh_follow, follow_inputs, [follow, follow_table], tab="samples")
+    tab.select(refresh_follow, follow_inputs, [follow, follow_table], show_progress="hidden")
     for trigger in (session.job_id.change, follow.change):
         trigger(refresh_follow, follow_inputs, [follow, follow_table], show_progress="hidden")
 
 
 def compare_tab(session: Session) -> None:
     """One metric of several jobs (ids typed in) on one chart."""
-    with gr.Tab("Compare", id="compare"):
+    with gr.Tab("Compare", id="compare") as tab:
         with gr.Row():
             c_jobs = gr.Textbox(label="Job ids (comma-separated)", elem_id="c-jobs")
             c_metric = gr.Dropdown(
@@ -512,7 +534,8 @@ def compare_tab(session: Session) -> None:
                 problems.append(f"job {jid}: {err.message}")
         return plot_value(compare_frame(bodies, metric)), "; ".join(problems)
 
-    session.every_tick(refresh_compare, [session.token, c_jobs, c_metric], [c_plot, c_msg])
+    session.every_tick(refresh_compare, [session.token, c_jobs, c_metric], [c_plot, c_msg], tab="compare")
+    session.follow_tab(tab, "compare", refresh_compare, [session.token, c_jobs, c_metric], [c_plot, c_msg])
     for trigger in (c_jobs.submit, c_metric.change):
         trigger(refresh_compare, [session.token, c_jobs, c_metric], [c_plot, c_msg], show_progress="hidden")
 
@@ -615,5 +638,6 @@ def catalogue_tab(session: Session) -> None:
     wire(r_remove, catalogue.remove_entry, [r_what, r_name])
     wire(d_share, lambda api, number: catalogue.share_dataset(api, number, True), [d_id])
     wire(d_unshare, lambda api, number: catalogue.share_dataset(api, number, False), [d_id])
+    session.follow_tab(tab, "catalogue")
     for trigger in (session.token.change, refresh.click):
         trigger(lambda token: catalogue_view(session, token), [session.token], [tab, message, *tables])
