@@ -131,6 +131,7 @@ class Session:
         def gated(open_tab: str, *values):
             return fn(*values) if open_tab == tab else [gr.skip()] * len(outputs)
 
+        gated.__name__ = fn.__name__  # not functools.wraps: Gradio would read fn's signature through __wrapped__
         self.ticked.then(gated, [self.open_tab, *inputs], outputs, show_progress="hidden")
 
     def follow_tab(self, tab: gr.Tab, tab_id: str, refresh: Callable | None = None, inputs=None, outputs=None) -> None:
