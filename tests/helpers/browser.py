@@ -1,0 +1,125 @@
+"""Dashboard browser tests' shared pieces: `aligner up` on embedded defaults (`up_stack`, for a fixture) and
+headless Debian Chromium through Playwright (`chromium`, `fill`, `text`, `choose`, `wait_text`).
+
+Needs /usr/bin/chromium (`apt-get install -y chromium chromium-driver`; `make setup` installs it when root): a test
+skips without it, and fails when CI=true. Screenshots go to test-artifacts/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+# Flags for a headless Chromium run as root in a container without a GPU or network access (no sandbox, no GPU, no
+# QUIC, no background fetches, updates or sync); Playwright adds --user-data-dir.
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def require_chromium() -> None:
+    missing = None
+    if not Path(CHROMIUM).is_file():
+        missing = f"{CHROMIUM} not found (apt-get install -y chromium chromium-driver)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            missing = "the playwright package is not installed (pip install -e '.[dev]')"
+    if missing:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(missing)
+        pytest.skip(missing)
+
+
+@contextmanager
+def up_stack(data_dir: Path) -> Iterator[dict]:
+    """`aligner up` on embedded defaults with a reward server (a rule-based reward function), in `data_dir`: its
+    stack.json while it runs; stopped with SIGTERM, which must end it cleanly."""
+    require_chromium()
+    env = {k: v for k, v in os.environ.items() if k not in ("ALIGNER_DATABASE_URL", "ALIGNER_BROKER_URL")}
+    cmd = [sys.executable, "-m", "aligner.cli", "up", "--data-dir", str(data_dir),
+           "--reward-function", "tests.helpers.rewards:letter_reward"]  # fmt: skip
+    up = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (data_dir / "stack.json").is_file():
+            assert up.poll() is None, f"aligner up exited with {up.returncode}: {up.stdout.read()}"
+            assert time.monotonic() < deadline, "aligner up did not write stack.json"
+            time.sleep(0.3)
+        yield json.loads((data_dir / "stack.json").read_text())
+    finally:
+        up.send_signal(signal.SIGTERM)
+        output, _ = up.communicate(timeout=90)
+        assert up.returncode == 0, output
+
+
+def fill(page, elem_id: str, value) -> None:
+    page.locator(f"#{elem_id} input, #{elem_id} textarea").first.fill(str(value))
+
+
+def text(page, elem_id: str) -> str:
+    """What the component shows: its text, plus the value of a text box (not part of inner_text)."""
+    element = page.locator(f"#{elem_id}")
+    boxes = element.locator("textarea, input[type=text]")
+    values = [boxes.nth(i).input_value() for i in range(boxes.count())]
+    return "\n".join([element.inner_text(), *values])
+
+
+def choose(page, elem_id: str, label: str) -> None:
+    """Pick the option of drop-down `elem_id` whose label starts with `label`."""
+    page.locator(f"#{elem_id} input").first.click()
+    page.get_by_role("option", name=label).first.click()
+    page.keyboard.press("Escape")
+
+
+def upload_prompts(stack: dict, path: Path) -> int:
+    """A dataset of the operator's (the stack's token), uploaded through the API as any user would."""
+    with path.open("rb") as f:
+        response = requests.post(f"{stack['api_url']}/api/v1/datasets", files={"file": (path.name, f)},
+                                 headers={"Authorization": f"Bearer {stack['token']}"}, timeout=30)  # fmt: skip
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def wait_text(page, elem_id: str, pattern: str, timeout_s: float = 120) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        shown = text(page, elem_id)
+        if pattern in shown:
+            return shown
+        time.sleep(0.5)
+    raise AssertionError(f"#{elem_id} never showed {pattern!r}; it shows: {text(page, elem_id)[:1000]}")
+
+
+@contextmanager
+def chromium() -> Iterator:
+    """A headless Chromium (Playwright's sync API): yields the browser, closed at the end."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
