@@ -281,6 +281,29 @@ class TrainerConfig(Section):
     progress_bar: bool = Field(True, description="Show a progress bar on the terminal.")
 
 
+class LoggingConfig(Section):
+    """Where a run's metrics go besides metrics.jsonl (the `tracking` extra; aligner/trainers/tracking.py)."""
+
+    tensorboard: bool = Field(
+        False,
+        description="Also write the metrics (and the config, as text) to TensorBoard event files in "
+        "<run_dir>/tensorboard/.",
+    )
+    mlflow: bool = Field(
+        False,
+        description="Also log the metrics and the flattened config (as params) to an MLflow run; by default in "
+        "an SQLite store in the run folder, sqlite:///<run_dir>/mlflow.db.",
+    )
+    mlflow_experiment: str = Field(
+        "aligner", min_length=1, max_length=256, description="MLflow experiment the run is logged under."
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking URI (an MLflow server's http://..., or another database); default: "
+        "sqlite:///<run_dir>/mlflow.db. Not accepted from the service's API.",
+    )
+
+
 class PPOConfig(Section):
     """PPO's actor side (aligner/trainers/ppo.py); defaults and names are NeMo-Aligner's. The rollout sizes are the
     `reinforce` section's (num_prompts_per_step, num_rollouts_per_prompt), so `algorithm` alone switches a job."""
@@ -358,6 +381,7 @@ class TrainConfig(Section):
     critic: CriticConfig = Field(default_factory=CriticConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="after")
     def _sources(self) -> TrainConfig:
