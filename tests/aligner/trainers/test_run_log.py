@@ -10,30 +10,13 @@ import pytest
 
 from aligner.config import LoggingConfig
 from aligner.errors import ConfigError
-from aligner.run_layout import METRICS_FILE, MLFLOW_DB_FILE, MLFLOW_RUN_ID_FILE, TENSORBOARD_DIR
+from aligner.run_layout import METRICS_FILE, MLFLOW_RUN_ID_FILE
 from aligner.trainers.run_log import RunLog, read_jsonl
 from aligner.trainers.tracking import require_packages
+from tests.helpers.tracking import mlflow_client, mlflow_history, tensorboard_scalars
 
 BOTH = LoggingConfig(tensorboard=True, mlflow=True)
 PARAMS = {"run_dir": "runs/x", "optim": {"lr": 0.001, "betas": [0.9, 0.98]}, "reward": {"function_args": {"a-b": 1}}}
-
-
-def scalars(run_dir, name):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir / TENSORBOARD_DIR))
-    events.Reload()
-    return [(e.step, round(e.value, 6)) for e in events.Scalars(name)], events
-
-
-def mlflow_client(run_dir):
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=f"sqlite:///{run_dir / MLFLOW_DB_FILE}")
-
-
-def history(client, run_id, name):
-    return sorted((m.step, round(m.value, 6)) for m in client.get_metric_history(run_id, name))
 
 
 def log_steps(log, steps, scale=1.0):
@@ -48,7 +31,7 @@ def test_metrics_and_params_reach_tensorboard_and_mlflow(tmp_path):
 
     expected = [(s, s / 10) for s in range(4)]
     assert [(r["step"], r["train_rollouts/rewards"]) for r in read_jsonl(tmp_path / METRICS_FILE)] == expected
-    shown, events = scalars(tmp_path, "train_rollouts/rewards")
+    shown, events = tensorboard_scalars(tmp_path, "train_rollouts/rewards")
     assert shown == expected
     assert [e.value for e in events.Scalars("timers/generate")] == [0.5] * 4
     (text,) = events.Tensors("config/text_summary")
@@ -56,7 +39,7 @@ def test_metrics_and_params_reach_tensorboard_and_mlflow(tmp_path):
 
     client = mlflow_client(tmp_path)
     run_id = (tmp_path / MLFLOW_RUN_ID_FILE).read_text().strip()
-    assert history(client, run_id, "train_rollouts/rewards") == expected
+    assert mlflow_history(client, run_id, "train_rollouts/rewards") == expected
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.info.run_name == tmp_path.name
     assert run.data.params == {
@@ -80,10 +63,11 @@ def test_a_resume_purges_tensorboard_and_continues_the_mlflow_run(tmp_path):
     resumed.close(finished=True)
 
     again = [(0, 0.0), (1, 0.1), (2, 0.2), (3, -0.3), (4, -0.4)]
-    assert scalars(tmp_path, "train_rollouts/rewards")[0] == again  # each step once: the resumed launch's
+    assert tensorboard_scalars(tmp_path, "train_rollouts/rewards")[0] == again  # each step once: the resumed launch's
     client = mlflow_client(tmp_path)
     assert (tmp_path / MLFLOW_RUN_ID_FILE).read_text().strip() == run_id  # the same run goes on
-    assert history(client, run_id, "train_rollouts/rewards") == sorted(again + [(3, 0.3), (4, 0.4)])  # both kept
+    both_kept = sorted(again + [(3, 0.3), (4, 0.4)])
+    assert mlflow_history(client, run_id, "train_rollouts/rewards") == both_kept
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.params["optim.lr"] == "0.001"
     assert run.data.tags["changed/optim.lr"] == "0.002" and run.data.tags["resumed_from_step"] == "2"
@@ -92,7 +76,7 @@ def test_a_resume_purges_tensorboard_and_continues_the_mlflow_run(tmp_path):
     fresh = RunLog(tmp_path, tracking=BOTH, params=PARAMS)
     log_steps(fresh, [0], scale=2.0)
     fresh.close(finished=False)
-    assert scalars(tmp_path, "train_rollouts/rewards")[0] == [(0, 0.0)]
+    assert tensorboard_scalars(tmp_path, "train_rollouts/rewards")[0] == [(0, 0.0)]
     assert (tmp_path / MLFLOW_RUN_ID_FILE).read_text().strip() != run_id
 
 
