@@ -15,6 +15,9 @@ stored config (`JobConfig.stored`, what the API shows). The worker runs the same
 launches the trainer (`launch_config`): an entry removed since, a row edited to hold a path or a function, a folder
 swapped for a symlink elsewhere, are refused at launch. Errors come as `{"config.optim.lr": ["reason", ...]}`.
 
+`logging.tensorboard` and `logging.mlflow` may be switched on; their files go to the job's run folder, so
+`logging.mlflow_tracking_uri` is refused (API_REFUSED) and not shown.
+
 Numbers must be finite and within the operator's limits (`job_limits`: JOB_LIMIT_DEFAULTS, overridden by the env
 ALIGNER_JOB_LIMITS, a JSON object, or the app's JOB_LIMITS); `trainer.keep_checkpoints` defaults to
 DEFAULT_KEEP_CHECKPOINTS; `run_dir` is the server's (DATA_DIR/runs/job_<id>).
@@ -87,6 +90,10 @@ SERVER_KIND_OF = {"reward.server": REWARD, "critic.server": CRITIC}
 # Fields the server fills in from catalogue entries: a request naming them is refused.
 SERVER_ONLY = tuple(train for api, train, _ in REFERENCES if api != train) + ("reward.model_name",)
 API_NAME_OF = {train: api for api, train, _ in REFERENCES if api != train} | {"reward.model_name": "reward.server"}
+# Fields of aligner's config a job may not set over the API, and why: where a job writes is the server's choice.
+API_REFUSED = {
+    "logging.mlflow_tracking_uri": "not accepted: a job's MLflow run is kept in its run folder (mlflow.db)",
+}
 NEEDS_CRITIC = "algorithm: ppo needs a critic: give critic.server or critic.model (the worker starts a critic server)"
 
 
@@ -201,6 +208,11 @@ def _resolve_references(
         if section is not None and name in section:
             del section[name]
             errors[f"config.{field}"] = [f"not accepted: name a catalogue entry with {API_NAME_OF[field]}"]
+    for field, reason in API_REFUSED.items():
+        section, name = _get(data, field)
+        if section is not None and name in section:
+            del section[name]
+            errors[f"config.{field}"] = [reason]
     for api_field, train_field, what in REFERENCES:
         section, name = _get(data, api_field)
         if section is None or name not in section:
@@ -273,6 +285,10 @@ def _stored(train: TrainConfig, names: dict[str, Any]) -> dict[str, Any]:
         section[api_name] = names.get(api_field)
     if isinstance(stored.get("reward"), dict):
         stored["reward"].pop("model_name", None)
+    for field in API_REFUSED:
+        section_name, name = field.split(".")
+        if isinstance(stored.get(section_name), dict):
+            stored[section_name].pop(name, None)
     return stored
 
 
