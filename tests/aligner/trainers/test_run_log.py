@@ -24,38 +24,30 @@ def log_steps(log, steps, scale=1.0):
         log.log_metrics(step, {"train_rollouts/rewards": scale * step / 10, "timers/generate": 0.5})
 
 
-def test_metrics_and_params_reach_tensorboard_and_mlflow(tmp_path):
-    log = RunLog(tmp_path, tracking=BOTH, params=PARAMS)
-    log_steps(log, range(4))
-    log.close(finished=True)
+def test_metrics_and_params_reach_tensorboard_and_mlflow_and_a_resume_continues_them(tmp_path):
+    """One store for the whole story (creating an MLflow SQLite store takes a second or two)."""
+    first = RunLog(tmp_path, tracking=BOTH, params=PARAMS)
+    log_steps(first, range(5))  # steps 3 and 4 are past the checkpoint the resume takes (step 2)
+    first.close(finished=False)
 
-    expected = [(s, s / 10) for s in range(4)]
+    expected = [(s, s / 10) for s in range(5)]
     assert [(r["step"], r["train_rollouts/rewards"]) for r in read_jsonl(tmp_path / METRICS_FILE)] == expected
     shown, events = tensorboard_scalars(tmp_path, "train_rollouts/rewards")
     assert shown == expected
-    assert [e.value for e in events.Scalars("timers/generate")] == [0.5] * 4
+    assert [e.value for e in events.Scalars("timers/generate")] == [0.5] * 5
     (text,) = events.Tensors("config/text_summary")
     assert "| optim.lr | 0.001 |" in text.tensor_proto.string_val[0].decode()
-
     client = mlflow_client(tmp_path)
     run_id = (tmp_path / MLFLOW_RUN_ID_FILE).read_text().strip()
     assert mlflow_history(client, run_id, "train_rollouts/rewards") == expected
     run = client.get_run(run_id)
-    assert run.info.status == "FINISHED" and run.info.run_name == tmp_path.name
+    assert run.info.status == "KILLED" and run.info.run_name == tmp_path.name  # stopped early: to be resumed
     assert run.data.params == {
         "run_dir": "runs/x",
         "optim.lr": "0.001",
         "optim.betas": "[0.9, 0.98]",
         "reward.function_args": '{"a-b": 1}',  # a key no MLflow name could carry: the dict stays one JSON param
     }
-
-
-def test_a_resume_purges_tensorboard_and_continues_the_mlflow_run(tmp_path):
-    first = RunLog(tmp_path, tracking=BOTH, params=PARAMS)
-    log_steps(first, range(5))  # steps 3 and 4 are past the checkpoint the resume takes (step 2)
-    first.close(finished=False)
-    run_id = (tmp_path / MLFLOW_RUN_ID_FILE).read_text().strip()
-    assert mlflow_client(tmp_path).get_run(run_id).info.status == "KILLED"
 
     changed = {**PARAMS, "optim": {**PARAMS["optim"], "lr": 0.002}}
     resumed = RunLog(tmp_path, resume_step=2, tracking=BOTH, params=changed)
@@ -64,7 +56,6 @@ def test_a_resume_purges_tensorboard_and_continues_the_mlflow_run(tmp_path):
 
     again = [(0, 0.0), (1, 0.1), (2, 0.2), (3, -0.3), (4, -0.4)]
     assert tensorboard_scalars(tmp_path, "train_rollouts/rewards")[0] == again  # each step once: the resumed launch's
-    client = mlflow_client(tmp_path)
     assert (tmp_path / MLFLOW_RUN_ID_FILE).read_text().strip() == run_id  # the same run goes on
     both_kept = sorted(again + [(3, 0.3), (4, 0.4)])
     assert mlflow_history(client, run_id, "train_rollouts/rewards") == both_kept
@@ -74,10 +65,11 @@ def test_a_resume_purges_tensorboard_and_continues_the_mlflow_run(tmp_path):
 
     # Started afresh in the same folder: TensorBoard from nothing, a new MLflow run.
     fresh = RunLog(tmp_path, tracking=BOTH, params=PARAMS)
-    log_steps(fresh, [0], scale=2.0)
-    fresh.close(finished=False)
-    assert tensorboard_scalars(tmp_path, "train_rollouts/rewards")[0] == [(0, 0.0)]
-    assert (tmp_path / MLFLOW_RUN_ID_FILE).read_text().strip() != run_id
+    log_steps(fresh, [1], scale=2.0)
+    fresh.close(finished=True)
+    assert tensorboard_scalars(tmp_path, "train_rollouts/rewards")[0] == [(1, 0.2)]
+    fresh_id = (tmp_path / MLFLOW_RUN_ID_FILE).read_text().strip()
+    assert fresh_id != run_id and mlflow_history(client, fresh_id, "train_rollouts/rewards") == [(1, 0.2)]
 
 
 def test_off_by_default_writes_nothing_and_imports_nothing(tmp_path):
