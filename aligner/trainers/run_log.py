@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aligner.run_layout import EVENTS_FILE, METRICS_FILE, SAMPLES_FILE
+from aligner.trainers.tracking import open_sinks
 
 if TYPE_CHECKING:
     from aligner.config import LoggingConfig
@@ -82,9 +83,7 @@ class RunLog:
                 path.unlink(missing_ok=True)
             else:
                 truncate_after(path, resume_step)
-        if tracking is not None and (tracking.tensorboard or tracking.mlflow):
-            from aligner.trainers.tracking import open_sinks
-
+        if tracking is not None:
             self.sinks = open_sinks(run_dir, tracking, resume_step, params or {})
 
     def _append(self, path: Path, rows: list[dict[str, Any]]) -> None:

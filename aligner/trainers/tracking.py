@@ -185,6 +185,8 @@ def open_sinks(
     run_dir: Path, config: LoggingConfig, resume_step: int | None, params: dict[str, Any]
 ) -> list[TensorBoardSink | MlflowSink]:
     """The sinks `config` switches on, each opened for a launch starting after `resume_step` (None: from nothing)."""
+    if not (config.tensorboard or config.mlflow):
+        return []
     require_packages(config)
     flat = flatten_params(params)
     sinks: list[TensorBoardSink | MlflowSink] = []
