@@ -20,7 +20,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from aligner.errors import ConfigError
-from aligner.health import RULE_NAMES
 
 
 class Section(BaseModel):
@@ -340,6 +339,10 @@ class CriticConfig(Section):
         return _wait_limit(value)
 
 
+# The run health rules (aligner/health.py), in the order they are evaluated and shown.
+HEALTH_RULES = ("validation_divergence", "length_hacking", "kl_growth", "zero_spread", "nonfinite", "ending_collapse")
+
+
 class HealthConfig(Section):
     """Run health alarms (aligner/health.py): rules the worker evaluates over the run's metrics as they arrive. An
     alarm is a job event and a badge on the job; one named in `pause_on` also pauses the job (with a checkpoint).
@@ -350,7 +353,7 @@ class HealthConfig(Section):
         default_factory=list,
         description="Alarms that pause the job when they start firing: the trainer stops at the next step boundary "
         f"with a checkpoint, as a cancel does, and the job ends `paused` (resume continues it). One of: "
-        f"{', '.join(RULE_NAMES)}.",
+        f"{', '.join(HEALTH_RULES)}.",
     )
     window: int = Field(
         10, ge=2, description="Steps in the recent (and the early) window of a per-step metric the rules average."
@@ -414,9 +417,9 @@ class HealthConfig(Section):
     @field_validator("pause_on")
     @classmethod
     def _known_rules(cls, names: list[str]) -> list[str]:
-        unknown = [name for name in names if name not in RULE_NAMES]
+        unknown = [name for name in names if name not in HEALTH_RULES]
         if unknown:
-            raise ValueError(f"unknown alarm {', '.join(map(repr, unknown))}: give some of {', '.join(RULE_NAMES)}")
+            raise ValueError(f"unknown alarm {', '.join(map(repr, unknown))}: give some of {', '.join(HEALTH_RULES)}")
         return list(dict.fromkeys(names))
 
     @model_validator(mode="after")

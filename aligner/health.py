@@ -19,13 +19,12 @@ torch): the worker evaluates these rules as the metrics arrive (worker/health_mo
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from aligner.config import HealthConfig
+from aligner.config import HEALTH_RULES, HealthConfig
 
 # The metrics the rules read (NeMo-Aligner's names, aligner/trainers/rollout.py and the trainers).
 TRAIN_REWARD = "train_rollouts/rewards"
@@ -56,8 +55,27 @@ def watched(name: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------- helpers
-def _finite(points: Sequence[Point]) -> list[Point]:
-    return [(step, value) for step, value in points if math.isfinite(value)]
+# Rules run after every step of a run that may be long: they read only the points they need, never a whole series.
+def _first_finite(points: Sequence[Point], n: int) -> list[Point]:
+    """The first `n` finite points (fewer when there are not so many)."""
+    found = []
+    for point in points:
+        if math.isfinite(point[1]):
+            found.append(point)
+            if len(found) == n:
+                break
+    return found
+
+
+def _last_finite(points: Sequence[Point], n: int, end: int | None = None) -> list[Point]:
+    """The last `n` finite points of `points[:end]`, in step order (fewer when there are not so many)."""
+    found = []
+    for i in range(len(points) if end is None else end, 0, -1):
+        if math.isfinite(points[i - 1][1]):
+            found.append(points[i - 1])
+            if len(found) == n:
+                break
+    return found[::-1]
 
 
 def _mean(points: Sequence[Point]) -> float:
@@ -77,10 +95,11 @@ def _slope(points: Sequence[Point]) -> float:
 
 def _windows(series: Series, name: str, config: HealthConfig) -> tuple[list[Point], list[Point]] | None:
     """(the first `window` finite points, the last `window`) of a per-step metric, or None before `min_points`."""
-    points = _finite(series.get(name, ()))
-    if len(points) < config.min_points:
+    points = series.get(name, ())
+    last = _last_finite(points, config.min_points)
+    if len(last) < config.min_points:
         return None
-    return points[: config.window], points[-config.window :]
+    return _first_finite(points, config.window), last[-config.window :]
 
 
 # ------------------------------------------------------------------------------------------------- the rules
@@ -92,20 +111,21 @@ def validation_divergence(series: Series, config: HealthConfig) -> Alarm | None:
     while the mean training reward of the last `window` steps is at least `divergence_min_rise` above its mean over
     the `window` steps up to that best point. Means over several points, because one validation is noisy.
     """
-    train = _finite(series.get(TRAIN_REWARD, ()))
-    if len(train) < config.min_points:
+    train = series.get(TRAIN_REWARD, ())
+    recent = _last_finite(train, config.min_points)
+    if len(recent) < config.min_points:
         return None
-    recent_train = _mean(train[-config.window :])
+    recent_train = _mean(recent[-config.window :])
     names = [VAL_REWARD] + sorted(name for name in series if name.startswith(GOLD_REWARD_PREFIX))
-    found, step = [], train[-1][0]
+    found, step = [], recent[-1][0]
     k = config.val_window
     for name in names:
-        val = _finite(series.get(name, ()))
+        val = [point for point in series.get(name, ()) if math.isfinite(point[1])]  # one point per validation
         if len(val) < k + 1:
             continue
         means = [(_mean(val[i : i + k]), val[i + k - 1][0]) for i in range(len(val) - k + 1)]
         (last, last_step), (best, best_step) = means[-1], max(means[:-1])
-        before_best = [point for point in train if point[0] <= best_step][-config.window :]
+        before_best = _last_finite(train, config.window, bisect.bisect_right(train, best_step, key=lambda p: p[0]))
         if not before_best:
             continue
         train_then = _mean(before_best)
@@ -205,15 +225,11 @@ def ending_collapse(series: Series, config: HealthConfig) -> Alarm | None:
     return None
 
 
+RULE_NAMES = HEALTH_RULES  # the names HealthConfig.pause_on accepts, in this order
 RULES: dict[str, Callable[[Series, HealthConfig], Alarm | None]] = {
-    "validation_divergence": validation_divergence,
-    "length_hacking": length_hacking,
-    "kl_growth": kl_growth,
-    "zero_spread": zero_spread,
-    "nonfinite": nonfinite,
-    "ending_collapse": ending_collapse,
+    rule.__name__: rule
+    for rule in (validation_divergence, length_hacking, kl_growth, zero_spread, nonfinite, ending_collapse)
 }
-RULE_NAMES = tuple(RULES)
 
 
 def evaluate(series: Series, config: HealthConfig) -> list[Alarm]:

@@ -126,7 +126,7 @@ def test_reingesting_after_a_restart_duplicates_nothing(factory, tmp_path):
 
     # A new worker reads the same files from the start, then the trainer goes on.
     ingestor = new_ingestor(factory, job_id, tmp_path)
-    assert poll(factory, ingestor) == {"steps": [], "samples": 4, "checkpoints": [], "events": 0}
+    assert poll(factory, ingestor) == {"steps": [], "samples": 4, "checkpoints": [], "events": 0, "pause": []}
     assert (rows(factory, Metric.step, Metric.name, Metric.value), rows(factory, Sample.step, Sample.index)) == before
     assert len(events(factory, job_id)) == n_events
     with (tmp_path / "metrics.jsonl").open("a") as f:
