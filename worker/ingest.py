@@ -31,6 +31,7 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
+from aligner.health import Alarm
 from aligner.run_layout import EVENTS_FILE, METRICS_FILE, SAMPLES_FILE, checkpoint_steps
 from webapp.db import Checkpoint, Job, Metric, Sample, add_event
 from worker.health_monitor import HealthMonitor
@@ -211,7 +212,7 @@ class RunIngestor:
                 add_event(session, self.job_id, "log", {"message": message, "level": "warning"})
 
     # --------------------------------------------------------------------------------------------- metrics
-    def _ingest_metrics(self, session: Session, final: bool, pausable: bool) -> tuple[list[int], list]:
+    def _ingest_metrics(self, session: Session, final: bool, pausable: bool) -> tuple[list[int], list[Alarm]]:
         lines, _ = self.metrics.read(final)
         if not lines:
             return [], []
@@ -232,7 +233,7 @@ class RunIngestor:
         ]
         upsert(session, Metric, rows, ("job_id", "step", "name"))
         new_steps = sorted(s for s in by_step if s not in self.known_metric_steps)
-        pause = []
+        pause: list[Alarm] = []
         for step in new_steps:
             values = by_step[step]
             add_event(
