@@ -1,4 +1,5 @@
-"""The New job form: its fields, defaults and presets, the POST /jobs body it builds, and a 422's errors by field.
+"""The New job form: its fields, defaults and presets, the POST /jobs body it builds, a 422's errors by field (one
+field each), the short advanced YAML of the sections that apply, and what "Try the reward" and the dry run show.
 
 The job names catalogue entries and datasets (model.policy, data.train_dataset, reward.function, ...), never paths:
 the drop-downs' choices come from the API (webapp/ui/catalogue.py)."""
@@ -485,7 +486,8 @@ def try_summary(result: dict) -> str:
         f"**{'n/a' if corr is None else corr}** · zero-spread groups **{share}** ({zero} of {len(groups)})"
     )
     warnings = [f"- ⚠ {w}" for w in result.get("warnings") or []]
-    if zero and zero == len(groups):
+    said = any("zero spread" in w for w in result.get("warnings") or [])
+    if zero and zero == len(groups) and not said:
         line += "\n\n**Every group has zero spread: RLOO gets no learning signal from this reward.**"
     return "\n".join([line, "", *warnings]).strip()
 
