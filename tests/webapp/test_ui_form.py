@@ -118,8 +118,10 @@ def test_a_tried_reward_shows_its_groups_samples_and_numbers():
     assert "zero-spread groups **50%** (1 of 2)" in summary and "- ⚠ half the groups have zero spread" in summary
     assert "Every group" not in summary
     flat = {**TRY_RESULT, "groups": [{**g, "zero_spread": True} for g in TRY_RESULT["groups"]],
-            "reward_length_corr": None}  # fmt: skip
+            "reward_length_corr": None, "frac_zero_std_groups": 1.0, "warnings": []}  # fmt: skip
     assert "Every group has zero spread" in form.try_summary(flat) and "correlation **n/a**" in form.try_summary(flat)
+    said = form.try_summary({**flat, "warnings": ["every group has zero spread: RLOO gets no learning signal"]})
+    assert "Every group" not in said  # the API's warning says it already
     body = form.try_body(VALUES, "optim: {warmup_steps: 0}", 12, "3")
     assert (body["num_prompts"], body["num_samples"]) == (8, 3)  # held to the API's bounds
     assert body["config"] == form.build_job(VALUES, "optim: {warmup_steps: 0}")["config"]
