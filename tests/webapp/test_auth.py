@@ -74,6 +74,7 @@ def test_openapi_document_lists_paths_schemas_and_bearer_auth(client):
         "/api/v1/jobs/{job_id}/metrics",
         "/api/v1/jobs/{job_id}/samples",
         "/api/v1/jobs/{job_id}/checkpoints",
+        "/api/v1/jobs/{job_id}/checkpoints/{step}/download",
         "/api/v1/jobs/{job_id}/model",
         "/api/v1/jobs/{job_id}/events",
         "/api/v1/datasets",
@@ -88,6 +89,7 @@ def test_openapi_document_lists_paths_schemas_and_bearer_auth(client):
         "/api/v1/admin/jobs/{job_id}",
         "/api/v1/admin/jobs/{job_id}/cancel",
         "/api/v1/me",
+        "/api/v1/rewards/try",
     }
     schemas = spec["components"]["schemas"]
     assert {"JobIn", "JobOut", "JobPage", "MetricsOut", "SamplePage", "DatasetOut", "HealthOut"} <= set(schemas)
