@@ -188,7 +188,7 @@ def dry_run(train, stored: dict, checks: list[dict]):
         checks.append(_check("reward", False, "not tried: the policy or tokenizer check failed", time.perf_counter()))
     stored = {key: value for key, value in stored.items() if key != "run_dir"}  # a job's run_dir comes with its id
     body = {"ok": all(c["ok"] for c in checks), "checks": checks, "estimated_step_s": estimate, "config": stored}
-    return PreflightOut().dump(body), 200
+    return current_app.json.response(PreflightOut().dump(body))  # a Response: not dumped again as a JobOut
 
 
 def _check(name: str, ok: bool, message: str, start: float, seconds: float | None = None) -> dict:

@@ -147,9 +147,15 @@ def run_try(train: TrainConfig, num_prompts: int, num_samples: int, timeout_s: f
             )
             raise TryFailed(422, f"The try took longer than {timeout_s:g} s", {"timeout": [reason]})
         stdout, stderr = _read(out_path), _read(err_path)
+    return TryOutcome(interpret(returncode, stdout, stderr), train)
+
+
+def interpret(returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
+    """The result of `aligner try-reward --json` from its exit status and output, or TryFailed: the error it printed
+    as JSON on the field it is about (a RewardError on `reward`), anything else as a failed try."""
     answer = _last_json(stdout)
     if returncode == 0 and isinstance(answer, dict) and "samples" in answer:
-        return TryOutcome(answer, train)
+        return answer
     error = answer.get("error") if isinstance(answer, dict) else None
     if isinstance(error, dict) and isinstance(error.get("message"), str):
         field = ERROR_FIELDS.get(str(error.get("type")), "config")
