@@ -48,35 +48,35 @@ def known_model_types() -> frozenset[str]:
 
 
 def model_folder_problem(path: str | Path) -> str | None:
-    """Why folder `path` is not a Hugging Face model folder, or None."""
+    """Why folder `path` is not a Hugging Face model folder, as a predicate ("is not a model folder: ..."), or None."""
     folder = Path(path)
     if not folder.is_dir():
-        return "the folder does not exist"
+        return "does not exist"
     try:
         config = json.loads((folder / "config.json").read_text())
     except FileNotFoundError:
-        return "not a model folder: no config.json"
+        return "is not a model folder: no config.json"
     except (OSError, ValueError) as err:
-        return f"not a model folder: config.json does not parse ({type(err).__name__})"
+        return f"is not a model folder: config.json does not parse ({type(err).__name__})"
     if not isinstance(config, dict):
-        return "not a model folder: config.json is not a JSON object"
+        return "is not a model folder: config.json is not a JSON object"
     model_type, architectures = config.get("model_type"), config.get("architectures")
     if not (isinstance(model_type, str) and model_type) and not (
         isinstance(architectures, list) and architectures and all(isinstance(a, str) for a in architectures)
     ):
-        return "not a model folder: config.json names no model_type or architectures"
+        return "is not a model folder: config.json names no model_type or architectures"
     known = known_model_types()
     if isinstance(model_type, str) and model_type and known and model_type not in known:
-        return f"config.json's model_type {model_type[:100]!r} is not one this server's transformers knows"
+        return f"has a config.json whose model_type {model_type[:100]!r} this server's transformers does not know"
     if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
-        return "not a model folder: no weights (*.safetensors)"
+        return "is not a model folder: no weights (*.safetensors)"
     return None
 
 
 def tokenizer_folder_problem(path: str | Path) -> str | None:
     folder = Path(path)
     if not folder.is_dir():
-        return "the folder does not exist"
+        return "does not exist"
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         return "holds no tokenizer (tokenizer.json or tokenizer_config.json)"
     return None
@@ -104,7 +104,7 @@ def cheap_checks(train: TrainConfig, stored: dict[str, Any]) -> list[dict[str, A
     def policy():
         problem = model_folder_problem(train.model.policy_path)
         where = f"catalogue model {model.get('policy')!r} at {train.model.policy_path}"
-        return (f"{where} is {problem}" if problem else None), f"{where} is a model folder"
+        return (f"{where} {problem}" if problem else None), f"{where} is a model folder"
 
     def tokenizer():
         path = train.model.tokenizer_path or train.model.policy_path

@@ -108,9 +108,7 @@ def test_model_download_is_404_until_the_final_policy_exists_then_a_zip(client, 
         assert b'"v": 2' in archive.read("final_policy/config.json")
 
 
-def test_a_checkpoint_downloads_as_a_zip_for_its_owner_only(
-    client, token, other_token, config, db_session
-):
+def test_a_checkpoint_downloads_as_a_zip_for_its_owner_only(client, token, other_token, config, db_session):
     job = create_job(client, token, config)
     folder = Path(job["run_dir"]) / "checkpoints" / "step_000002"
     (folder / "policy").mkdir(parents=True)

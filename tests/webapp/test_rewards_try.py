@@ -111,7 +111,7 @@ def test_one_try_at_a_time_per_user(app, client, token, other_token, config, db_
         ({}, "is not a model folder: no config.json"),
         ({"config.json": "{not json"}, "config.json does not parse"),
         ({"config.json": "[]"}, "config.json is not a JSON object"),
-        ({"config.json": '{"model_type": "no-such-arch"}'}, "model_type 'no-such-arch' is not one"),
+        ({"config.json": '{"model_type": "no-such-arch"}'}, "model_type 'no-such-arch' this server's"),
         ({"config.json": '{"model_type": "llama"}'}, "no weights"),
         ({"config.json": '{"model_type": "llama"}', "model.safetensors": ""}, "holds no tokenizer"),
     ],
