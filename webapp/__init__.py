@@ -11,6 +11,7 @@ Config (create_app's test_config, else the environment):
     JOB_QUEUE              an object with enqueue(job_id); default webapp.queues.CeleryQueue() (ALIGNER_BROKER_URL)
     JOB_LIMITS             per-job caps over webapp.job_config's, e.g. {"model.num_threads": 8}; env ALIGNER_JOB_LIMITS
     SSE_POLL_INTERVAL, SSE_HEARTBEAT_INTERVAL   seconds (0.25, 15)
+    TRY_TIMEOUT_S          seconds a reward try (POST /rewards/try, a job's dry run) may run (120), then 422
 
 Limits (webapp/limits.py, docs/security.md "Limits"), each defaulting to its environment variable:
 
@@ -22,6 +23,7 @@ Limits (webapp/limits.py, docs/security.md "Limits"), each defaulting to its env
     MAX_ACTIVE_JOBS_PER_USER     queued + running + cancelling jobs (4), then 429; env ALIGNER_MAX_ACTIVE_JOBS
     MAX_DATASET_BYTES_PER_USER   all of a user's uploads (1 GiB), then 413; env ALIGNER_MAX_DATASET_BYTES
     MAX_EVENT_STREAMS_PER_USER   open event streams per API process (4), then 429; env ALIGNER_MAX_EVENT_STREAMS
+    MAX_TRIES_PER_USER           reward tries running per API process (1), then 429; env ALIGNER_MAX_TRIES
 
 The Flask pieces are imported inside create_app: the worker imports webapp.db without needing them.
 """
@@ -52,13 +54,27 @@ def _version() -> str:
 
 def create_app(test_config: dict[str, Any] | None = None):
     """The API app: config (the keys and their environment variables: this module's docstring), database, job queue,
-    limits, error handling, blueprints, OpenAPI at /api/v1/openapi.json."""
+    limits, error handling, blueprints, OpenAPI at /api/v1/openapi.json, its docs page at /api/v1/docs (served
+    offline: webapp/docs_assets.py)."""
     from apiflask import APIFlask
 
-    from webapp import account, admin, catalogue_api, datasets, errors, health, jobs, limits, results
+    from webapp import (
+        account,
+        admin,
+        catalogue_api,
+        datasets,
+        docs_assets,
+        errors,
+        health,
+        jobs,
+        limits,
+        results,
+        rewards_try,
+    )
     from webapp.db import DEFAULT_DATA_DIR, database_url
     from webapp.extensions import db
     from webapp.queues import CeleryQueue
+    from webapp.rewards_try import TRY_TIMEOUT_S
 
     version = _version()
     app = APIFlask(
@@ -78,6 +94,7 @@ def create_app(test_config: dict[str, Any] | None = None):
         JOB_LIMITS=None,
         SSE_POLL_INTERVAL=0.25,
         SSE_HEARTBEAT_INTERVAL=15.0,
+        TRY_TIMEOUT_S=TRY_TIMEOUT_S,
         **limits.config_defaults(),
         API_VERSION=version,
         DESCRIPTION=API_DESCRIPTION,
@@ -101,9 +118,10 @@ def create_app(test_config: dict[str, Any] | None = None):
 
     db.init_app(app)
     app.extensions["aligner_queue"] = app.config["JOB_QUEUE"] or CeleryQueue()
-    authenticated = (jobs, results, datasets, catalogue_api, admin, account)
+    authenticated = (jobs, results, rewards_try, datasets, catalogue_api, admin, account)
     limits.init_app(app, authenticated=[module.bp for module in authenticated])  # first: throttled costs least
     errors.init_app(app)
     for module in (health, *authenticated):
         app.register_blueprint(module.bp)
+    docs_assets.init_app(app)
     return app

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from aligner.errors import AlignerError
 from aligner.rewards.builtins import BUILTIN_REWARDS
 from webapp.db import MODEL_KINDS, SERVER_KINDS, CatalogueModel, Dataset, RewardFunction, ServerEndpoint, User
+from webapp.preflight import model_folder_problem
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 NAME_RULE = "1-100 characters: letters, digits, '.', '_' or '-', starting with a letter or digit"
@@ -80,7 +81,8 @@ def _safetensors_parameters(path: Path) -> int | None:
 def inspect_model_folder(path: str | Path, kind: str) -> ModelInfo:
     """A Hugging Face folder's resolved path, architecture, parameter count and size on disk.
 
-    A tokenizer folder needs tokenizer files; any other kind needs config.json and weights."""
+    A tokenizer folder needs tokenizer files; any other kind a config.json naming a model transformers knows, and
+    weights (webapp.preflight.model_folder_problem)."""
     folder = Path(path).expanduser().resolve()
     if not folder.is_dir():
         raise CatalogueError(f"folder not found: {folder}", "path")
@@ -89,13 +91,10 @@ def inspect_model_folder(path: str | Path, kind: str) -> ModelInfo:
             raise CatalogueError(f"{folder} holds no tokenizer (tokenizer.json or tokenizer_config.json)", "path")
         architecture = "tokenizer"
     else:
-        try:
-            config = json.loads((folder / "config.json").read_text())
-        except (OSError, ValueError) as err:
-            raise CatalogueError(f"{folder} is not a Hugging Face model folder (config.json: {err})", "path") from None
-        weights = list(folder.glob("*.safetensors")) + list(folder.glob("*.bin"))
-        if not weights:
-            raise CatalogueError(f"{folder} has no weights (*.safetensors)", "path")
+        problem = model_folder_problem(folder)  # the same check as every job submission's
+        if problem:
+            raise CatalogueError(f"{folder} {problem}", "path")
+        config = json.loads((folder / "config.json").read_text())
         architectures = config.get("architectures") or [config.get("model_type") or "unknown"]
         architecture = str(architectures[0])[:200]
     counts = [_safetensors_parameters(file) for file in folder.glob("*.safetensors")]

@@ -11,7 +11,8 @@ broker cannot take it, the job stays queued and the workers' sweep sends it agai
 - resume: a finished job (paused included) with a checkpoint -> queued; the worker continues from the newest
   checkpoint in run_dir. Metrics, samples, checkpoints, events, step and the firing alarms are kept; attempts (the
   worker's count of starts) goes back to 0. An alarm that paused the job is still firing when it resumes, so it does
-  not pause it again until it has cleared and fires anew (a new episode).
+  not pause it again until it has cleared and fires anew (a new episode). A succeeded job that did all its steps
+  -> 409 (nothing to resume).
 - retry: a failed, cancelled or paused job -> queued from scratch: its metrics, samples and checkpoints rows and its
   run folder are deleted, step and attempts go back to 0, its alarms are cleared. Its events are kept (the stream's
   ids only grow).
@@ -20,6 +21,7 @@ broker cannot take it, the job stays queued and the workers' sweep sends it agai
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 from apiflask import APIBlueprint
@@ -35,6 +37,7 @@ from webapp.db import (
     PAUSED,
     QUEUED,
     RUNNING,
+    SUCCEEDED,
     Checkpoint,
     Job,
     Metric,
@@ -46,8 +49,9 @@ from webapp.db import (
 from webapp.errors import abort_fields
 from webapp.extensions import db
 from webapp.job_config import validate_job_config
-from webapp.limits import check_active_jobs
-from webapp.schemas import INT32_MAX, JobIn, JobListQuery, JobOut, JobPage
+from webapp.limits import check_active_jobs, try_slot
+from webapp.preflight import DRY_RUN_PROMPTS, DRY_RUN_SAMPLES, cheap_checks, check_errors, estimate_step_s
+from webapp.schemas import INT32_MAX, DryRunQuery, JobIn, JobListQuery, JobOut, JobPage, PreflightOut
 
 bp = APIBlueprint("jobs", __name__, url_prefix="/api/v1/jobs", tag="Jobs")
 
@@ -82,18 +86,33 @@ def _enqueue(job: Job) -> None:
 @bp.post("")
 @bp.auth_required(auth)
 @bp.input(JobIn, location="json")
+@bp.input(DryRunQuery, location="query")
 @bp.output(JobOut, status_code=201, description="The new job, queued.")
-@bp.doc(responses={413: "Request body too large"})
-def create_job(json_data):
+@bp.doc(
+    responses={
+        200: {
+            "description": "`?dry_run=true`: no job is created; the preflight's checks.",
+            "content": {"application/json": {"schema": PreflightOut}},
+        },
+        413: "Request body too large",
+    }
+)
+def create_job(json_data, query_data):
     """Create a training job
 
     The config names catalogue entries (GET /api/v1/catalogue/..., your datasets) and is validated like `aligner
-    train --config` does, within the server's limits (422 naming each bad field); run_dir is set to
-    DATA_DIR/runs/job_ID, and the job is queued for the workers. `config.algorithm` is `reinforce` (default) or
-    `ppo`; a PPO job with `critic.model` gets a critic server from its worker.
+    train --config` does, within the server's limits (422 naming each bad field); the policy and tokenizer folders
+    must hold a model and a tokenizer (422 on config.model.policy); run_dir is set to DATA_DIR/runs/job_ID, and the
+    job is queued for the workers. `config.algorithm` is `reinforce` (default) or `ppo`; a PPO job with
+    `critic.model` gets a critic server from its worker.
+
+    `?dry_run=true` creates nothing: it runs the full preflight (those checks, the reward on 2 prompts x 2 samples
+    as POST /api/v1/rewards/try does, and an estimate of the step time scaled from that try) and answers 200 with
+    each check; a config that does not validate is still 422.
     """
-    check_active_jobs()
     user = current_user()
+    if not query_data["dry_run"]:
+        check_active_jobs()
     result = validate_job_config(
         json_data["config"],
         db.session,
@@ -104,6 +123,12 @@ def create_job(json_data):
     )
     if isinstance(result, dict):
         abort_fields(422, "Invalid config", result)
+    checks = cheap_checks(result.train, result.stored)
+    if query_data["dry_run"]:
+        return dry_run(result.train, result.stored, checks)
+    errors = check_errors(checks)
+    if errors:
+        abort_fields(422, "Invalid config", errors)
     config = result.stored
     job = Job(
         user_id=user.id,
@@ -124,6 +149,51 @@ def create_job(json_data):
     db.session.commit()
     _enqueue(job)
     return job
+
+
+def dry_run(train, stored: dict, checks: list[dict]):
+    """The preflight's answer (PreflightOut, 200): the cheap `checks`, then the reward tried on a few samples and the
+    step time estimated from it, both skipped when the policy or tokenizer failed."""
+    from webapp.rewards_try import TryFailed, public_result, run_try
+
+    checks = [{key: value for key, value in check.items() if key != "field"} for check in checks]
+    estimate = None
+    if all(check["ok"] for check in checks if check["name"] in ("policy", "tokenizer")):
+        release = try_slot()
+        start = time.perf_counter()
+        try:
+            db.close_session()  # no connection held while the try runs
+            outcome = run_try(train, DRY_RUN_PROMPTS, DRY_RUN_SAMPLES, current_app.config["TRY_TIMEOUT_S"])
+        except TryFailed as err:
+            reasons = "; ".join(reason for field in err.errors.values() for reason in field)
+            checks.append(_check("reward", False, reasons, start))
+            checks.append(_check("step_time", False, "not estimated: the reward try failed", start, 0.0))
+        else:
+            result = public_result(outcome.result)
+            rewards = ", ".join(f"{sample['reward']:.3g}" for sample in result["samples"])
+            warned = f"; warnings: {'; '.join(result['warnings'])}" if result["warnings"] else ""
+            message = f"{len(result['samples'])} samples scored: {rewards}{warned}"
+            checks.append(_check("reward", True, message, start))
+            estimate = estimate_step_s(train, outcome.train, outcome.result["timings"])
+            samples = train.reinforce.num_prompts_per_step * train.reinforce.num_rollouts_per_prompt
+            message = (
+                f"an estimate, not a measure: about {estimate:.1f} s a step for {samples} samples of up to "
+                f"{train.generation.max_new_tokens} tokens, scaled from the try's generation and scoring (training "
+                "taken as twice the generation); on the worker's hardware it differs"
+            )
+            checks.append(_check("step_time", True, message, start, 0.0))
+        finally:
+            release()
+    else:
+        checks.append(_check("reward", False, "not tried: the policy or tokenizer check failed", time.perf_counter()))
+    stored = {key: value for key, value in stored.items() if key != "run_dir"}  # a job's run_dir comes with its id
+    body = {"ok": all(c["ok"] for c in checks), "checks": checks, "estimated_step_s": estimate, "config": stored}
+    return current_app.json.response(PreflightOut().dump(body))  # a Response: not dumped again as a JobOut
+
+
+def _check(name: str, ok: bool, message: str, start: float, seconds: float | None = None) -> dict:
+    elapsed = time.perf_counter() - start if seconds is None else seconds
+    return {"name": name, "ok": ok, "message": message, "seconds": elapsed}
 
 
 @bp.get("")
@@ -181,7 +251,11 @@ def cancel(job: Job) -> Job:
 @bp.post("/<int:job_id>/resume")
 @bp.auth_required(auth)
 @bp.output(JobOut)
-@bp.doc(responses={409: "The job is not finished, has no checkpoint, or another request changed it first"})
+@bp.doc(
+    responses={
+        409: "The job is not finished, did all its steps, has no checkpoint, or another request changed it first"
+    }
+)
 def resume_job(job_id: int):
     """Resume a finished job from its newest checkpoint
 
@@ -191,6 +265,8 @@ def resume_job(job_id: int):
     job = get_job_or_404(job_id, lock=True)
     if job.status not in FINAL_STATUSES:
         abort_fields(409, f"job {job.id} is {job.status}: only a finished job can be resumed")
+    if job.status == SUCCEEDED and job.step >= job.max_steps:
+        abort_fields(409, f"job {job.id} has finished all its {job.max_steps} steps: nothing to resume")
     if not db.session.scalar(select(func.count()).select_from(Checkpoint).where(Checkpoint.job_id == job.id)):
         abort_fields(409, f"job {job.id} has no checkpoint to resume from: retry it instead")
     check_active_jobs()

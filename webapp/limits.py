@@ -1,6 +1,7 @@
 """Limits an operator sets: failed sign-ins per client address (429 with Retry-After), and per user the active jobs
-(429), the bytes of uploaded datasets (413) and the open event streams (429). Each is an app config key whose default
-comes from an environment variable (SETTINGS; listed in webapp/__init__.py and docs/security.md "Limits").
+(429), the bytes of uploaded datasets (413), the open event streams (429) and the reward tries running (429). Each
+is an app config key whose default comes from an environment variable (SETTINGS; listed in webapp/__init__.py and
+docs/security.md "Limits").
 
 Failed sign-ins are Flask-Limiter's: a shared limit on every blueprint that needs a token, checked before each
 request and deducted only when the answer is 401 (no, a wrong, an expired or a revoked token). Once an address has
@@ -41,7 +42,9 @@ SETTINGS: dict[str, tuple[str, Any, Callable[[str], Any]]] = {
     "MAX_ACTIVE_JOBS_PER_USER": ("ALIGNER_MAX_ACTIVE_JOBS", 4, int),
     "MAX_DATASET_BYTES_PER_USER": ("ALIGNER_MAX_DATASET_BYTES", 1024**3, int),
     "MAX_EVENT_STREAMS_PER_USER": ("ALIGNER_MAX_EVENT_STREAMS", 4, int),
+    "MAX_TRIES_PER_USER": ("ALIGNER_MAX_TRIES", 1, int),
 }
+TRY_EXTENSION = "aligner_try_slots"
 
 
 def config_defaults() -> dict[str, Any]:
@@ -57,7 +60,7 @@ def config_defaults() -> dict[str, Any]:
 
 
 class StreamSlots:
-    """Open event streams per user, counted in this API process.
+    """Open event streams (or reward tries running) per user, counted in this API process.
 
     Rate limiters (Flask-Limiter and the `limits` library under it) count requests per time window, not requests
     still in progress, hence this counter. It lives in the process: with several API processes (gunicorn -w N) a
@@ -110,6 +113,7 @@ def init_app(app: APIFlask, authenticated: Iterable[Blueprint]) -> None:
     for blueprint in authenticated:
         signin(blueprint)
     app.extensions[EXTENSION] = StreamSlots()
+    app.extensions[TRY_EXTENSION] = StreamSlots()  # the same counting serves reward tries
 
     @app.errorhandler(RateLimitExceeded)
     def _too_many_failed_signins(exc: RateLimitExceeded):
@@ -183,5 +187,19 @@ def event_stream_slot() -> Callable[[], None]:
         abort_fields(
             429,
             f"You have {limit} event streams open and the limit is {limit} per user: close one first",
+        )
+    return release
+
+
+def try_slot() -> Callable[[], None]:
+    """Take one of the current user's MAX_TRIES_PER_USER slots for a reward try (POST /rewards/try, a dry run; 429
+    when none is free); call the returned function when the try has ended."""
+    limit = current_app.config["MAX_TRIES_PER_USER"]
+    release = current_app.extensions[TRY_EXTENSION].acquire(current_user().id, limit)
+    if release is None:
+        abort_fields(
+            429,
+            f"You have {limit} reward {'try' if limit == 1 else 'tries'} running and the limit is {limit} per user: "
+            "wait for it to finish",
         )
     return release

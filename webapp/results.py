@@ -1,4 +1,5 @@
-"""What a job produced: metrics, samples, checkpoints, the final policy, and its live event stream.
+"""What a job produced: metrics, samples, checkpoints (each downloadable as a zip), the final policy, and its live
+event stream.
 
 `GET /api/v1/jobs/{id}/events` is Server-Sent Events: each Event row as
 
@@ -28,7 +29,7 @@ from apiflask.schemas import FileSchema
 from flask import Response, current_app, request, send_file
 from sqlalchemy import func, select
 
-from aligner.run_layout import FINAL_POLICY_DIR
+from aligner.run_layout import CHECKPOINT_DIR, FINAL_POLICY_DIR
 from webapp.auth import auth
 from webapp.db import FINAL_STATUSES, Checkpoint, Event, Job, Metric, Sample
 from webapp.errors import abort_fields
@@ -110,17 +111,23 @@ def _newest_mtime(folder: Path) -> float:
     return max([folder.stat().st_mtime, *(p.stat().st_mtime for p in folder.rglob("*"))])
 
 
+def _write_zip(folder: Path, f, arcname: str) -> None:
+    """Every file under `folder` into zip file object `f`, under `arcname`/ (weights are stored, not compressed)."""
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as archive:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                archive.write(path, Path(arcname) / path.relative_to(folder))
+
+
 def _final_policy_zip(folder: Path) -> Path:
-    """run_dir/final_policy.zip, rebuilt when the folder changed since (weights are stored, not compressed)."""
+    """run_dir/final_policy.zip, rebuilt when the folder changed since."""
     target = folder.parent / f"{FINAL_POLICY_DIR}.zip"
     if target.is_file() and target.stat().st_mtime >= _newest_mtime(folder):
         return target
     fd, tmp = tempfile.mkstemp(dir=folder.parent, prefix=".final_policy-", suffix=".zip")
     try:
-        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as archive:
-            for path in sorted(folder.rglob("*")):
-                if path.is_file():
-                    archive.write(path, Path(FINAL_POLICY_DIR) / path.relative_to(folder))
+        with os.fdopen(fd, "wb") as f:
+            _write_zip(folder, f, FINAL_POLICY_DIR)
         os.replace(tmp, target)  # atomic: a concurrent download sees the old zip or the new one
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -143,6 +150,34 @@ def download_model(job_id: int):
         mimetype="application/zip",
         as_attachment=True,
         download_name=f"job_{job.id}_final_policy.zip",
+    )
+
+
+@bp.get("/<int:job_id>/checkpoints/<int:step>/download")
+@bp.auth_required(auth)
+@bp.output(FileSchema(type="string", format="binary"), content_type="application/zip", description="A zip file.")
+@bp.doc(responses={404: "No such job, or it has no checkpoint of that step (any more)"})
+def download_checkpoint(job_id: int, step: int):
+    """Download a checkpoint (a zip of its folder: the policy and the state a resume reads)"""
+    job = get_job_or_404(job_id)
+    row = None
+    if step <= INT32_MAX:
+        row = db.session.scalar(select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step == step))
+    folder = Path(row.path).resolve() if row is not None and row.path else None
+    checkpoints = (Path(job.run_dir) / CHECKPOINT_DIR).resolve() if job.run_dir else None
+    # The row's path is the worker's; only a folder inside the job's own checkpoints folder is ever read.
+    if folder is None or checkpoints is None or not folder.is_relative_to(checkpoints) or not folder.is_dir():
+        abort_fields(404, f"job {job.id} has no checkpoint of step {step}")
+    # Not kept: checkpoints come and go with keep_checkpoints. send_file closes the file once sent.
+    f = tempfile.TemporaryFile(suffix=".zip")  # noqa: SIM115
+    try:
+        _write_zip(folder, f, folder.name)
+        f.seek(0)
+    except BaseException:
+        f.close()
+        raise
+    return send_file(
+        f, mimetype="application/zip", as_attachment=True, download_name=f"job_{job.id}_{folder.name}.zip"
     )
 
 

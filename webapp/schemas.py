@@ -127,6 +127,89 @@ class JobPage(PageOut):
     items = List(Nested(JobOut), required=True)
 
 
+class DryRunQuery(Schema):
+    dry_run = Boolean(
+        load_default=False,
+        metadata={
+            "description": "true: create no job; run the full preflight (the cheap checks, the reward on 2 prompts "
+            "x 2 samples, an estimate of the step time) and answer 200 with its checks."
+        },
+    )
+
+
+class PreflightCheck(Schema):
+    name = String(required=True, metadata={"enum": ["policy", "tokenizer", "datasets", "reward", "step_time"]})
+    ok = Boolean(required=True)
+    message = String(required=True)
+    seconds = Float(required=True, metadata={"description": "How long the check took."})
+
+
+class PreflightOut(Schema):
+    ok = Boolean(required=True, metadata={"description": "Every check passed."})
+    checks = List(Nested(PreflightCheck), required=True)
+    estimated_step_s = Float(
+        required=True,
+        allow_none=True,
+        metadata={"description": "A rough estimate of one step's seconds (null when the reward try failed)."},
+    )
+    config = Dict(keys=String(), required=True, metadata={"description": "The resolved config the job would keep."})
+
+
+# ------------------------------------------------------------------------------------------------- reward tries
+class TryIn(Schema):
+    config = Dict(
+        keys=String(),
+        required=True,
+        metadata={
+            "description": "A job's config, as POST /api/v1/jobs takes it: model.policy (model.tokenizer), "
+            "data.train_dataset (data.val_dataset may be left out), reward.function (function_args) or "
+            "reward.model or reward.server, generation.*. generation.max_new_tokens is capped at 256 for a try.",
+            "example": {
+                "model": {"policy": "tiny-sft"},
+                "data": {"train_dataset": 1},
+                "reward": {"function": "exact_match"},
+                "generation": {"max_new_tokens": 32},
+            },
+        },
+    )
+    num_prompts = Integer(
+        load_default=4,
+        strict=True,
+        validate=Range(min=1, max=8),
+        metadata={"description": "The first N prompts of data.train_dataset."},
+    )
+    num_samples = Integer(
+        load_default=4, strict=True, validate=Range(min=2, max=8), metadata={"description": "Responses per prompt."}
+    )
+
+
+class TrySample(Schema):
+    group = Integer(required=True, metadata={"description": "Index of its prompt (groups[i])."})
+    prompt = String(required=True)
+    response = String(required=True)
+    reward = Float(required=True)
+    length = Integer(required=True, metadata={"description": "Response tokens."})
+
+
+class TryGroup(Schema):
+    group = Integer(required=True)
+    prompt = String(required=True)
+    mean = Float(required=True)
+    std = Float(required=True, metadata={"description": "Population standard deviation of its rewards."})
+    zero_spread = Boolean(
+        required=True, metadata={"description": "All its samples got the same reward: RLOO learns nothing from it."}
+    )
+
+
+class TryOut(Schema):
+    samples = List(Nested(TrySample), required=True)
+    groups = List(Nested(TryGroup), required=True)
+    reward_length_corr = Float(required=True, metadata={"description": "Pearson correlation of reward and length."})
+    frac_zero_std_groups = Float(required=True, metadata={"description": "Share of the groups with zero spread."})
+    seconds = Float(required=True, metadata={"description": "How long the try took."})
+    warnings = List(String(), required=True)
+
+
 # -------------------------------------------------------------------------------------------------- job results
 class MetricsQuery(Schema):
     name = List(

@@ -13,10 +13,11 @@ What it starts, each as a child process with its log in DATA_DIR/logs/:
 - one Celery worker (prefork; one job at a time, or one per GPU of ALIGNER_WORKER_GPUS) and the REST API (Flask's
   threaded server; use gunicorn in production, see docker-compose.yml);
 - the dashboard (`aligner ui`, webapp/ui/), a Gradio client of the API.
-It prints the URLs and an operator (admin) API token and writes them to DATA_DIR/stack.json (`api_url`, `ui_url`,
-`reward_url`, `token`) for scripts. Ctrl-C or SIGTERM stops every child (whole process groups) before it exits: the
-dashboard and the API first, then the worker, which hands a running job back to the queue at its trainer's next step
-boundary (worker/shutdown.py), then the reward server and the broker, which it needed until then.
+It prints the URLs and an operator (admin) API token and writes them to DATA_DIR/stack.json (`api_url`, `api_base`
+= api_url + /api/v1, `ui_url`, `reward_url`, `token`) for scripts. Ctrl-C or SIGTERM stops every child (whole
+process groups) before it exits: the dashboard and the API first, then the worker, which hands a running job back to
+the queue at its trainer's next step boundary (worker/shutdown.py), then the reward server and the broker, which it
+needed until then.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from aligner.processes import free_port, signal_group
 from aligner.trainers.run_log import reward_change
 
 STACK_FILE = "stack.json"
+API_PREFIX = "/api/v1"  # stack.json's api_base is api_url + this: the base of every endpoint
 START_TIMEOUT_S = 120
 STOP_GRACE_S = 30  # s a child gets between SIGTERM and SIGKILL; the worker gets its trainer's grace on top
 STOP_FIRST = ("ui", "api", "worker")  # no new jobs, then the running one handed back while its servers are up
@@ -173,7 +175,7 @@ class Stack:
                            "--port", str(port), "--data-dir", str(self.data_dir)])  # fmt: skip
         ui = f"http://{self.host}:{port}"
         self._wait_until("ui", lambda: http_ok(f"{ui}/"))
-        self.urls.update(api_url=api, ui_url=ui, token=self._token())
+        self.urls.update(api_url=api, api_base=f"{api}{API_PREFIX}", ui_url=ui, token=self._token())
         pids = {name: proc.pid for name, proc in self.children.items()}  # each the leader of its process group
         from webapp.db import create_private_file
 
@@ -284,9 +286,9 @@ def run(args) -> None:
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         urls = stack.start()
-        api = urls["api_url"]
+        api = urls["api_base"]
         print(
-            f"\nAligner is up (Ctrl-C stops it):\n  API     {api}/api/v1  (docs: {api}/api/v1/docs)"
+            f"\nAligner is up (Ctrl-C stops it):\n  API     {api}  (docs: {api}/docs)"
             f"\n  UI      {urls['ui_url']}  (sign in with the token)"
             f"\n  reward  {urls['reward_url'] or '-'}\n  token   {urls['token']}"
             f"\n  written to {data_dir / STACK_FILE}\n",

@@ -30,6 +30,16 @@ def _name(prefix: str, value: str) -> str:
     return f"{prefix}-{hashlib.sha256(value.encode()).hexdigest()[:12]}"
 
 
+def stand_in_model(folder: Path) -> Path:
+    """A folder that passes the API's cheap checks (webapp/preflight.py) without weights worth loading: a Llama
+    config.json, an empty safetensors file and a tokenizer config."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
+    (folder / "model.safetensors").write_bytes(b"")
+    (folder / "tokenizer_config.json").write_text("{}")
+    return folder
+
+
 def register_model(session: Session, path: str | Path, kind: str, name: str | None = None) -> str:
     """A catalogue row for folder `path` (no checks: test folders may be stand-ins); its name."""
     path = str(Path(path).resolve())

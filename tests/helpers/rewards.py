@@ -39,3 +39,29 @@ def confined_letter_reward(prompts, responses):
     if leaked:
         raise RuntimeError(f"the trainer sees the worker's {', '.join(leaked)}")
     return letter_reward(prompts, responses)
+
+
+def boom_reward(prompts, responses):
+    """Raises, as a broken reward function would."""
+    raise ValueError("boom")
+
+
+def nan_reward(prompts, responses):
+    """NaN for the second sample."""
+    return [float("nan") if i == 1 else 0.0 for i in range(len(responses))]
+
+
+def short_reward(prompts, responses):
+    """One reward too few."""
+    return [0.0] * (len(responses) - 1)
+
+
+def constant_reward(prompts, responses):
+    """The same reward for every response: every group has zero spread."""
+    return [1.0] * len(responses)
+
+
+def sleepy_reward(prompts, responses):
+    """Takes 30 s: a reward slower than any try's time limit in the tests."""
+    time.sleep(30)
+    return [0.0] * len(responses)

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import select
 
 from tests.helpers.api import PROMPTS
-from tests.helpers.catalogue import add_dataset, register_model
+from tests.helpers.catalogue import add_dataset, register_model, stand_in_model
 from tests.helpers.databases import database_url
 from webapp import create_app
 from webapp.db import User, create_token, session_scope
@@ -31,10 +31,10 @@ def backend(request) -> str:
 
 @pytest.fixture
 def data_dir(tmp_path) -> Path:
-    """The server's data folder, with a (stand-in) policy folder and two prompt files a config can name."""
+    """The server's data folder, with (stand-in) model folders and two prompt files a config can name."""
     folder = tmp_path / "data"
     for model in ("tiny-sft", "tiny-rm"):
-        (folder / "models" / model).mkdir(parents=True)
+        stand_in_model(folder / "models" / model)
     for name in ("train.jsonl", "val.jsonl"):
         (folder / name).write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     return folder

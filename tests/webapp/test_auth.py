@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.helpers.api import bearer, both_backends, create_job
@@ -74,6 +76,7 @@ def test_openapi_document_lists_paths_schemas_and_bearer_auth(client):
         "/api/v1/jobs/{job_id}/metrics",
         "/api/v1/jobs/{job_id}/samples",
         "/api/v1/jobs/{job_id}/checkpoints",
+        "/api/v1/jobs/{job_id}/checkpoints/{step}/download",
         "/api/v1/jobs/{job_id}/model",
         "/api/v1/jobs/{job_id}/events",
         "/api/v1/datasets",
@@ -88,6 +91,7 @@ def test_openapi_document_lists_paths_schemas_and_bearer_auth(client):
         "/api/v1/admin/jobs/{job_id}",
         "/api/v1/admin/jobs/{job_id}/cancel",
         "/api/v1/me",
+        "/api/v1/rewards/try",
     }
     schemas = spec["components"]["schemas"]
     assert {"JobIn", "JobOut", "JobPage", "MetricsOut", "SamplePage", "DatasetOut", "HealthOut"} <= set(schemas)
@@ -98,3 +102,17 @@ def test_openapi_document_lists_paths_schemas_and_bearer_auth(client):
     assert "security" not in spec["paths"]["/api/v1/health"]["get"]
     assert "text/event-stream" in spec["paths"]["/api/v1/jobs/{job_id}/events"]["get"]["responses"]["200"]["content"]
     assert client.get("/api/v1/docs").status_code == 200
+
+
+def test_the_docs_page_loads_only_local_files_and_they_are_served(client):
+    page = client.get("/api/v1/docs").get_data(as_text=True)
+    urls = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assert urls and all(url.startswith("/api/v1/docs/assets/") for url in urls), urls
+    kinds = set()
+    for url in urls:
+        response = client.get(url)
+        assert response.status_code == 200 and len(response.data) > 500, url
+        kinds.add(response.mimetype)
+        response.close()
+    assert {"text/javascript", "text/css"} <= kinds
+    assert client.get("/api/v1/docs/assets/index.html").status_code == 404  # only the files the page loads

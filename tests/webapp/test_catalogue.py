@@ -65,9 +65,13 @@ def test_only_admins_change_the_catalogue(client, token, model_folder):
 
 def test_registration_refuses_what_is_not_a_model_a_function_or_a_url(client, admin_token, tmp_path):
     (tmp_path / "empty").mkdir()
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "config.json").write_text('{"hidden_size": 8}')  # JSON, but of no model
+    (tmp_path / "odd" / "model.safetensors").write_bytes(b"")
     cases = [
         (MODELS, {"name": "m", "path": str(tmp_path / "missing"), "kind": "policy"}, "path", "folder not found"),
-        (MODELS, {"name": "m", "path": str(tmp_path / "empty"), "kind": "policy"}, "path", "config.json"),
+        (MODELS, {"name": "m", "path": str(tmp_path / "empty"), "kind": "policy"}, "path", "no config.json"),
+        (MODELS, {"name": "m", "path": str(tmp_path / "odd"), "kind": "policy"}, "path", "no model_type"),
         (MODELS, {"name": "../m", "path": str(tmp_path), "kind": "policy"}, "name", "not valid"),
         (REWARDS, {"name": "f", "target": "no_such_module_x:f"}, "target", "cannot be found"),
         (REWARDS, {"name": "f", "target": "os.system"}, "target", "package.module:function"),

@@ -116,6 +116,14 @@ def test_resume_needs_a_finished_job_with_a_checkpoint_and_keeps_metrics(client,
     assert queue.job_ids == [job["id"], job["id"]]
     assert count(db_session, Metric, job["id"]) == 1 and count(db_session, Checkpoint, job["id"]) == 1
 
+    set_job(db_session, job["id"], status="succeeded", step=job["max_steps"])  # did all its steps: nothing to do
+    response = client.post(url, headers=bearer(token))
+    assert response.status_code == 409 and response.json["message"] == (
+        f"job {job['id']} has finished all its {job['max_steps']} steps: nothing to resume"
+    )
+    set_job(db_session, job["id"], status="succeeded", step=job["max_steps"] - 1)  # stopped early: resumable
+    assert client.post(url, headers=bearer(token)).status_code == 200
+
 
 @both_backends
 def test_retry_starts_over(client, token, config, db_session, queue):

@@ -108,6 +108,31 @@ def test_model_download_is_404_until_the_final_policy_exists_then_a_zip(client, 
         assert b'"v": 2' in archive.read("final_policy/config.json")
 
 
+def test_a_checkpoint_downloads_as_a_zip_for_its_owner_only(client, token, other_token, config, db_session):
+    job = create_job(client, token, config)
+    folder = Path(job["run_dir"]) / "checkpoints" / "step_000002"
+    (folder / "policy").mkdir(parents=True)
+    (folder / "policy" / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "state.pt").write_bytes(b"\1" * 100)
+    outside = Path(job["run_dir"]).parent / "elsewhere"
+    outside.mkdir()
+    with db_session() as session:
+        session.add(Checkpoint(job_id=job["id"], step=2, path=str(folder)))
+        session.add(Checkpoint(job_id=job["id"], step=4, path=str(outside)))  # a row pointing out of the run
+    url = f"/api/v1/jobs/{job['id']}/checkpoints/{{}}/download"
+    response = client.get(url.format(2), headers=bearer(token))
+    assert response.status_code == 200 and response.mimetype == "application/zip"
+    assert f"job_{job['id']}_step_000002.zip" in response.headers["Content-Disposition"]
+    with zipfile.ZipFile(io.BytesIO(response.data)) as archive:
+        assert sorted(archive.namelist()) == ["step_000002/policy/config.json", "step_000002/state.pt"]
+        assert archive.read("step_000002/state.pt") == b"\1" * 100
+    response.close()
+    for step in (3, 4, 2**40):  # no such step, a folder outside the job's checkpoints, past any column
+        missing = client.get(url.format(step), headers=bearer(token))
+        assert missing.status_code == 404 and f"no checkpoint of step {step}" in missing.json["message"]
+    assert client.get(url.format(2), headers=bearer(other_token)).status_code == 404
+
+
 @both_backends
 def test_event_stream_sends_events_then_ends_when_the_job_is_final(client, token, config, db_session):
     job = create_job(client, token, config)

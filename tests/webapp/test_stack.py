@@ -80,7 +80,8 @@ def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_di
     up = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         stack = _wait_for(data_dir / "stack.json", up)
-        assert set(stack) >= {"api_url", "ui_url", "reward_url", "token"}
+        assert set(stack) >= {"api_url", "api_base", "ui_url", "reward_url", "token"}
+        assert stack["api_base"] == f"{stack['api_url']}/api/v1"
         assert stat.S_IMODE((data_dir / "stack.json").stat().st_mode) == 0o600  # it holds a token
         if "ALIGNER_DATABASE_URL" not in env:
             assert stat.S_IMODE((data_dir / "aligner.db").stat().st_mode) == 0o600  # SQLite by default, private
@@ -88,7 +89,7 @@ def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_di
         prompts = tmp_path / "prompts.jsonl"
         prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("the cat", "a dog", "the sea")))
         # The stack's token is the operator's: it registers what the job names, as `aligner up --demo` does.
-        api = f"{stack['api_url']}/api/v1"
+        api = stack["api_base"]
         model = {"name": "tiny", "path": str(tiny_policy_dir), "kind": "policy"}
         assert requests.post(f"{api}/catalogue/models", json=model, headers=headers, timeout=30).status_code == 201
         server = {"name": "rm", "url": stack["reward_url"], "kind": "reward"}

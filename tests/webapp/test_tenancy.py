@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 
 import pytest
 
@@ -126,7 +127,7 @@ def test_a_catalogue_folder_swapped_for_a_symlink_elsewhere_is_not_found(client,
     outside = tmp_path / "outside"
     outside.mkdir()
     folder = data_dir / "models" / "tiny-sft"
-    folder.rmdir()
+    shutil.rmtree(folder)
     os.symlink(outside, folder)
     response = post_job(client, token, config)
     assert response.status_code == 422
