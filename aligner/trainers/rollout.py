@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from aligner.algorithms.diagnostics import reward_length_correlation, zero_spread_fraction
 from aligner.generation.generator import GenerationOutput
 
 
@@ -23,7 +24,11 @@ def rollout_metrics(
     extra: dict[str, float],
 ) -> dict[str, float]:
     """Means over the samples ([B] tensors); `extra` (the algorithm's own) goes after the KL, as metrics.jsonl has
-    always ordered them."""
+    always ordered them. The diagnostics come last: the correlation of the raw `rewards` (not KL-shaped) with the
+    response lengths in tokens, and the share of prompts whose samples all got the same reward
+    (aligner/algorithms/diagnostics.py). Under torchrun each rank computes them on its own samples and the trainer
+    averages every metric over ranks weighted by samples: exact for the share (every prompt has as many samples),
+    an approximation of the whole batch's correlation (the mean of the ranks' correlations)."""
     return {
         "train_rollouts/rewards": rewards.mean().item(),
         "train_rollouts/rewards_with_kl": rewards_with_kl.mean().item(),
@@ -31,6 +36,8 @@ def rollout_metrics(
         **extra,
         "train_rollouts/response_lengths": gen.response_lengths.float().mean().item(),
         "train_rollouts/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
+        "train_rollouts/reward_length_corr": reward_length_correlation(rewards, gen.response_lengths),
+        "train_rollouts/frac_zero_std_groups": zero_spread_fraction(rewards, gen.group_ids),
     }
 
 
