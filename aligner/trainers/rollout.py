@@ -49,8 +49,10 @@ def sample_rows(
     rewards: torch.Tensor,
     kl: torch.Tensor,
     advantages: torch.Tensor | None,
+    extra_rewards: dict[str, torch.Tensor] | None = None,
 ) -> list[dict[str, Any]]:
-    """One samples.jsonl row per sample; `advantages` is None for validation samples."""
+    """One samples.jsonl row per sample; `advantages` is None for validation samples. `extra_rewards` (validation:
+    {name: [B] rewards}) gives the rows `"extra_rewards": {name: value}`."""
     rows = []
     for i, (prompt, response) in enumerate(zip(prompts, gen.responses)):
         rows.append(
@@ -65,4 +67,6 @@ def sample_rows(
                 "is_end": bool(gen.is_end[i]),
             }
         )
+        if extra_rewards:
+            rows[-1]["extra_rewards"] = {name: float(values[i]) for name, values in extra_rewards.items()}
     return rows
