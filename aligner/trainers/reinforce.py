@@ -9,7 +9,8 @@ compute the KL to the frozen initial policy, the RLOO baseline and the advantage
 batch in micro-batches. Lifecycle: `setup` -> `fit` (-> `rollout`, `optimise`, `validate`, `save_checkpoint`);
 `load_checkpoint` restores everything a step depends on, so 2 steps + resume + 2 steps equals 4 steps.
 `checkpoints/best.json` names the checkpoint with the best validation reward (`checkpoint.best_checkpoint`), which
-pruning keeps. PPO (aligner/trainers/ppo.py) is a subclass that replaces `rollout` and `optimise`.
+pruning keeps. PPO (aligner/trainers/ppo.py) is a subclass that replaces `rollout` and `optimise`. Validation also
+scores its samples with each gold reward of `validation.extra_rewards` (val/extra_rewards/<name>).
 
 Checkpoints are written durably (`checkpoint.commit_checkpoint`: fsync'd, with a manifest of sizes and checksums,
 then renamed). `--resume` takes the newest checkpoint that is intact (`run_layout.resume_checkpoint`) and loads
