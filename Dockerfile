@@ -13,5 +13,6 @@ COPY webapp ./webapp
 COPY configs ./configs
 COPY migrations ./migrations
 COPY alembic.ini ./
-RUN pip install --no-cache-dir -e '.[gguf,serve,service]' gunicorn
+# tracking: a job may log its metrics to TensorBoard and MLflow (logging.tensorboard / logging.mlflow).
+RUN pip install --no-cache-dir -e '.[gguf,serve,service,tracking]' gunicorn
 ENTRYPOINT ["aligner"]

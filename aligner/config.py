@@ -311,6 +311,29 @@ class TrainerConfig(Section):
     progress_bar: bool = Field(True, description="Show a progress bar on the terminal.")
 
 
+class LoggingConfig(Section):
+    """Where a run's metrics go besides metrics.jsonl (the `tracking` extra; aligner/trainers/tracking.py)."""
+
+    tensorboard: bool = Field(
+        False,
+        description="Also write the metrics (and the config, as text) to TensorBoard event files in "
+        "<run_dir>/tensorboard/.",
+    )
+    mlflow: bool = Field(
+        False,
+        description="Also log the metrics and the flattened config (as params) to an MLflow run; by default in "
+        "an SQLite store in the run folder, sqlite:///<run_dir>/mlflow.db.",
+    )
+    mlflow_experiment: str = Field(
+        "aligner", min_length=1, max_length=256, description="MLflow experiment the run is logged under."
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking URI (an MLflow server's http://..., or another database); default: "
+        "sqlite:///<run_dir>/mlflow.db. Not accepted from the service's API.",
+    )
+
+
 class PPOConfig(Section):
     """PPO's actor side (aligner/trainers/ppo.py); defaults and names are NeMo-Aligner's. The rollout sizes are the
     `reinforce` section's (num_prompts_per_step, num_rollouts_per_prompt), so `algorithm` alone switches a job."""
@@ -369,6 +392,96 @@ class CriticConfig(Section):
         return _wait_limit(value)
 
 
+# The run health rules (aligner/health.py), in the order they are evaluated and shown.
+HEALTH_RULES = ("validation_divergence", "length_hacking", "kl_growth", "zero_spread", "nonfinite", "ending_collapse")
+
+
+class HealthConfig(Section):
+    """Run health alarms (aligner/health.py): rules the worker evaluates over the run's metrics as they arrive. An
+    alarm is a job event and a badge on the job; one named in `pause_on` also pauses the job (with a checkpoint).
+    The trainer itself ignores this section. The defaults keep a healthy run (the demo's) quiet."""
+
+    enabled: bool = Field(True, description="Evaluate the rules; false: no alarms for this run.")
+    pause_on: list[str] = Field(
+        default_factory=list,
+        description="Alarms that pause the job when they start firing: the trainer stops at the next step boundary "
+        f"with a checkpoint, as a cancel does, and the job ends `paused` (resume continues it). One of: "
+        f"{', '.join(HEALTH_RULES)}.",
+    )
+    window: int = Field(
+        10, ge=2, description="Steps in the recent (and the early) window of a per-step metric the rules average."
+    )
+    min_points: int = Field(
+        20,
+        ge=2,
+        description="A rule over a per-step metric judges only once it has this many values (the first steps are "
+        "noisy); nonfinite needs none.",
+    )
+    val_window: int = Field(
+        3, ge=1, description="validation_divergence: validation points averaged (one validation is noisy)."
+    )
+    divergence_min_drop: float = Field(
+        0.1,
+        ge=0,
+        description="validation_divergence: how far the mean of the last val_window validation points must be below "
+        "its best earlier mean (val/rewards or a gold reward val/extra_rewards/<name>).",
+    )
+    divergence_min_rise: float = Field(
+        0.1,
+        ge=0,
+        description="validation_divergence: how far the training reward (mean of the last `window` steps) must have "
+        "risen above its mean over the `window` steps up to that best validation.",
+    )
+    length_corr_threshold: float = Field(
+        0.5,
+        ge=-1,
+        le=1,
+        description="length_hacking: mean reward-length correlation (train_rollouts/reward_length_corr) over the last "
+        "`window` steps at which it fires.",
+    )
+    length_corr_min_rise: float = Field(
+        0.2, ge=0, description="length_hacking: how far that mean must be above the first `window` steps' mean."
+    )
+    kl_max_slope: float = Field(
+        0.02,
+        ge=0,
+        description="kl_growth: the KL to the initial policy (train_rollouts/init_policy_kl, per token) may grow by "
+        "at most this much per step (least-squares slope over the last `window` steps).",
+    )
+    kl_max: float = Field(1.0, ge=0, description="kl_growth: ceiling of that KL's mean over the last `window` steps.")
+    zero_spread_max: float = Field(
+        0.8,
+        ge=0,
+        le=1,
+        description="zero_spread: share of prompt groups with all-equal rewards "
+        "(train_rollouts/frac_zero_std_groups), averaged over the last `window` steps, at which it fires.",
+    )
+    ending_floor: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="ending_collapse: it fires when the share of properly ended responses (mean of the last `window` "
+        "steps) is below this floor and has dropped by ending_min_drop.",
+    )
+    ending_min_drop: float = Field(
+        0.5, ge=0, le=1, description="ending_collapse: how far that share must be below its first `window` steps' mean"
+    )
+
+    @field_validator("pause_on")
+    @classmethod
+    def _known_rules(cls, names: list[str]) -> list[str]:
+        unknown = [name for name in names if name not in HEALTH_RULES]
+        if unknown:
+            raise ValueError(f"unknown alarm {', '.join(map(repr, unknown))}: give some of {', '.join(HEALTH_RULES)}")
+        return list(dict.fromkeys(names))
+
+    @model_validator(mode="after")
+    def _windows(self) -> HealthConfig:
+        if self.min_points < self.window:
+            raise ValueError(f"min_points ({self.min_points}) must be at least window ({self.window})")
+        return self
+
+
 class TrainConfig(Section):
     """A whole run: REINFORCE / RLOO (aligner/trainers/reinforce.py) or PPO (aligner/trainers/ppo.py): `algorithm`."""
 
@@ -390,6 +503,10 @@ class TrainConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     validation: ValidationConfig = Field(
         default_factory=ValidationConfig, description="Gold rewards the validation samples are also scored by."
+    )
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    health: HealthConfig = Field(
+        default_factory=HealthConfig, description="Run health alarms, evaluated by the worker; the trainer ignores it."
     )
 
     @model_validator(mode="after")

@@ -151,6 +151,11 @@ SAMPLES_FILE = "samples.jsonl"
 # What the trainer wants its user to know while it runs ("waiting for reward server", a damaged checkpoint skipped):
 # one object per line, {"step", "level", "message", ...}; the worker relays each line as a job event.
 EVENTS_FILE = "events.jsonl"
+# logging.tensorboard / logging.mlflow (aligner/trainers/tracking.py): event files, the default MLflow store and the
+# id of the run's MLflow run, which a resume continues.
+TENSORBOARD_DIR = "tensorboard"
+MLFLOW_DB_FILE = "mlflow.db"
+MLFLOW_RUN_ID_FILE = "mlflow_run_id"
 
 FINAL_POLICY_DIR = "final_policy"
 ADAPTER_DIR = "adapter"  # in a checkpoint, instead of "policy", with model.lora

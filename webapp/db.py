@@ -6,7 +6,10 @@ applied as one conditional UPDATE (`... WHERE id = :id AND status = :expected`: 
 applies, the other raises TransitionConflict, a 409 over the API) and leaves an event that the API streams
 (Server-Sent Events).
 
-    queued -> running -> succeeded | failed | cancelled        (cancelling between running and cancelled)
+    queued -> running -> succeeded | failed | cancelled | paused    (cancelling between running and cancelled)
+
+`paused`: a run health alarm named in the job's `health.pause_on` stopped it at a checkpoint (worker/runner.py);
+like the other final statuses it goes back to queued through resume or retry.
 """
 
 from __future__ import annotations
@@ -49,20 +52,21 @@ from aligner.errors import AlignerError
 DEFAULT_DATA_DIR = Path(os.environ.get("ALIGNER_DATA_DIR", "aligner_data"))
 
 QUEUED, RUNNING, CANCELLING = "queued", "running", "cancelling"
-SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
-STATUSES = (QUEUED, RUNNING, CANCELLING, SUCCEEDED, FAILED, CANCELLED)
-FINAL_STATUSES = (SUCCEEDED, FAILED, CANCELLED)
+SUCCEEDED, FAILED, CANCELLED, PAUSED = "succeeded", "failed", "cancelled", "paused"
+STATUSES = (QUEUED, RUNNING, CANCELLING, SUCCEEDED, FAILED, CANCELLED, PAUSED)
+FINAL_STATUSES = (SUCCEEDED, FAILED, CANCELLED, PAUSED)
 # A job's training algorithm (its config's `algorithm`, kept in `Job.kind`).
 REINFORCE, PPO = "reinforce", "ppo"
 ALGORITHMS = (REINFORCE, PPO)
 # Every allowed status change. A final job goes back to queued only through resume or retry.
 TRANSITIONS: dict[str, tuple[str, ...]] = {
     QUEUED: (RUNNING, CANCELLED, FAILED),
-    RUNNING: (SUCCEEDED, FAILED, CANCELLING, CANCELLED, QUEUED),  # queued: a lost worker's job is re-queued
-    CANCELLING: (CANCELLED, FAILED, SUCCEEDED),
+    RUNNING: (SUCCEEDED, FAILED, CANCELLING, CANCELLED, PAUSED, QUEUED),  # queued: a lost worker's job is re-queued
+    CANCELLING: (CANCELLED, FAILED, SUCCEEDED),  # a cancel overrides a pause under way
     SUCCEEDED: (QUEUED,),
     FAILED: (QUEUED,),
     CANCELLED: (QUEUED,),
+    PAUSED: (QUEUED,),
 }
 
 
@@ -127,6 +131,9 @@ class Job(Base):
     step: Mapped[int] = mapped_column(Integer, default=0)
     max_steps: Mapped[int] = mapped_column(Integer, default=0)
     latest_reward: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The run health alarms firing now (aligner/health.py names), kept by the worker's monitor; a restarted worker
+    # reads them back, so an alarm is announced (and pauses) once per episode.
+    alarms: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
 
     @property
     def algorithm(self) -> str:
@@ -175,7 +182,7 @@ class Event(Base):
     __table_args__ = (Index("ix_events_job_id_id", "job_id", "id"),)
     id: Mapped[int] = mapped_column(primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
-    kind: Mapped[str] = mapped_column(String(20))  # status | metrics | samples | checkpoint | log
+    kind: Mapped[str] = mapped_column(String(20))  # status | metrics | samples | checkpoint | log | health
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 

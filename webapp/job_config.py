@@ -17,6 +17,9 @@ stored config (`JobConfig.stored`, what the API shows). The worker runs the same
 launches the trainer (`launch_config`): an entry removed since, a row edited to hold a path or a function, a folder
 swapped for a symlink elsewhere, are refused at launch. Errors come as `{"config.optim.lr": ["reason", ...]}`.
 
+`logging.tensorboard` and `logging.mlflow` may be switched on; their files go to the job's run folder, so
+`logging.mlflow_tracking_uri` is refused (API_REFUSED) and not shown.
+
 Numbers must be finite and within the operator's limits (`job_limits`: JOB_LIMIT_DEFAULTS, overridden by the env
 ALIGNER_JOB_LIMITS, a JSON object, or the app's JOB_LIMITS); `trainer.keep_checkpoints` defaults to
 DEFAULT_KEEP_CHECKPOINTS; `run_dir` is the server's (DATA_DIR/runs/job_<id>).
@@ -92,6 +95,10 @@ SERVER_ONLY = tuple(train for api, train, _ in REFERENCES if api != train) + ("r
 API_NAME_OF = {train: api for api, train, _ in REFERENCES if api != train} | {"reward.model_name": "reward.server"}
 # validation.extra_rewards.<name> is a `reward` section: its fields are named, resolved and limited as reward.*'s.
 EXTRA_REWARDS = "validation.extra_rewards"
+# Fields of aligner's config a job may not set over the API, and why: where a job writes is the server's choice.
+API_REFUSED = {
+    "logging.mlflow_tracking_uri": "not accepted: a job's MLflow run is kept in its run folder (mlflow.db)",
+}
 NEEDS_CRITIC = "algorithm: ppo needs a critic: give critic.server or critic.model (the worker starts a critic server)"
 
 
@@ -271,6 +278,11 @@ def _resolve_references(
         if section is not None and name in section:
             del section[name]
             errors[f"config.{field}"] = [f"not accepted: name a catalogue entry with {_api_field(field)}"]
+    for field, reason in API_REFUSED.items():
+        section, name = _get(data, field)
+        if section is not None and name in section:
+            del section[name]
+            errors[f"config.{field}"] = [reason]
     for api_field, train_field, what, like in _references(data):
         section, name = _get(data, api_field)
         if section is None or name not in section:
@@ -346,6 +358,10 @@ def _stored(train: TrainConfig, names: dict[str, Any]) -> dict[str, Any]:
         section, _ = _get(stored, f"{prefix}.model_name")
         if section is not None:
             section.pop("model_name", None)
+    for field in API_REFUSED:
+        section, name = _get(stored, field)
+        if section is not None:
+            section.pop(name, None)
     return stored
 
 

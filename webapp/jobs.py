@@ -8,10 +8,13 @@ broker cannot take it, the job stays queued and the workers' sweep sends it agai
 
 - cancel: queued -> cancelled at once; running -> cancelling (cancel_requested; the worker stops at the next step,
   saves a checkpoint and makes it cancelled); cancelling -> unchanged; a finished job -> 409.
-- resume: a finished job with a checkpoint -> queued; the worker continues from the newest checkpoint in run_dir.
-  Metrics, samples, checkpoints, events and step are kept; attempts (the worker's count of starts) goes back to 0.
-- retry: a failed or cancelled job -> queued from scratch: its metrics, samples and checkpoints rows and its run
-  folder are deleted, step and attempts go back to 0. Its events are kept (the stream's ids only grow).
+- resume: a finished job (paused included) with a checkpoint -> queued; the worker continues from the newest
+  checkpoint in run_dir. Metrics, samples, checkpoints, events, step and the firing alarms are kept; attempts (the
+  worker's count of starts) goes back to 0. An alarm that paused the job is still firing when it resumes, so it does
+  not pause it again until it has cleared and fires anew (a new episode).
+- retry: a failed, cancelled or paused job -> queued from scratch: its metrics, samples and checkpoints rows and its
+  run folder are deleted, step and attempts go back to 0, its alarms are cleared. Its events are kept (the stream's
+  ids only grow).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from webapp.db import (
     CANCELLING,
     FAILED,
     FINAL_STATUSES,
+    PAUSED,
     QUEUED,
     RUNNING,
     Checkpoint,
@@ -181,7 +185,8 @@ def cancel(job: Job) -> Job:
 def resume_job(job_id: int):
     """Resume a finished job from its newest checkpoint
 
-    Metrics, samples and checkpoints are kept; the worker continues exactly where the checkpoint left off.
+    Metrics, samples and checkpoints are kept; the worker continues exactly where the checkpoint left off. A paused
+    job's alarms stay firing: the alarm that paused it pauses it again only after it has cleared and fires anew.
     """
     job = get_job_or_404(job_id, lock=True)
     if job.status not in FINAL_STATUSES:
@@ -199,17 +204,25 @@ def resume_job(job_id: int):
 @bp.post("/<int:job_id>/retry")
 @bp.auth_required(auth)
 @bp.output(JobOut)
-@bp.doc(responses={409: "The job is not failed or cancelled, or another request changed it first"})
+@bp.doc(responses={409: "The job is not failed, cancelled or paused, or another request changed it first"})
 def retry_job(job_id: int):
-    """Run a failed or cancelled job again from scratch
+    """Run a failed, cancelled or paused job again from scratch
 
-    Deletes its metrics, samples, checkpoints and run folder (events are kept), then queues it.
+    Deletes its metrics, samples, checkpoints and run folder (events are kept), clears its alarms, then queues it.
     """
     job = get_job_or_404(job_id, lock=True)
-    if job.status not in (FAILED, CANCELLED):
-        abort_fields(409, f"job {job.id} is {job.status}: only a failed or cancelled job can be retried")
+    if job.status not in (FAILED, CANCELLED, PAUSED):
+        abort_fields(409, f"job {job.id} is {job.status}: only a failed, cancelled or paused job can be retried")
     check_active_jobs()
-    fresh = {"step": 0, "attempts": 0, "latest_reward": None, "started_at": None, "worker": None, "heartbeat_at": None}
+    fresh = {
+        "step": 0,
+        "attempts": 0,
+        "latest_reward": None,
+        "started_at": None,
+        "worker": None,
+        "heartbeat_at": None,
+        "alarms": [],
+    }
     transition(db.session, job, QUEUED, **fresh)  # first: a request that lost the race deletes nothing
     for model in (Metric, Sample, Checkpoint):
         db.session.execute(delete(model).where(model.job_id == job.id))

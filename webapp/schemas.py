@@ -109,6 +109,14 @@ class JobOut(Schema):
     step = Integer(required=True, metadata={"description": "Last optimiser step done."})
     max_steps = Integer(required=True)
     latest_reward = Float(allow_none=True, metadata={"description": "Mean train reward of the last step."})
+    alarms = List(
+        String(),
+        required=True,
+        metadata={
+            "description": "Run health alarms firing now (validation_divergence, length_hacking, kl_growth, "
+            "zero_spread, nonfinite, ending_collapse); each start and end is a `health` event of the job."
+        },
+    )
 
 
 class JobListQuery(PageQuery):

@@ -11,7 +11,9 @@ call) and writes:
 - `Event` rows for the API's Server-Sent Events: `metrics` (the step's values), `samples` (a summary), `checkpoint`,
   and `log` for each line of the trainer's `events.jsonl` (`{"message", "level", "step", ...}`) and for lines of
   the three files that had to be skipped (not JSON objects with a step: the user learns their count);
-- `Job.step` and `Job.latest_reward`.
+- `Job.step` and `Job.latest_reward`;
+- `health` events and `Job.alarms`, from the run health monitor (worker/health_monitor.py), which sees each new
+  step's raw values; `poll` returns the alarms that pause the job.
 
 Events are emitted only for steps not already in SQL when the ingestor was created, so following a run again
 after a restart relays nothing twice. It imports neither torch nor the trainer: the worker stays light.
@@ -29,8 +31,10 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
+from aligner.health import Alarm
 from aligner.run_layout import EVENTS_FILE, METRICS_FILE, SAMPLES_FILE, checkpoint_steps
 from webapp.db import Checkpoint, Job, Metric, Sample, add_event
+from worker.health_monitor import HealthMonitor
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +154,7 @@ class RunIngestor:
             )
         }
         self.known_checkpoints = set(session.scalars(select(Checkpoint.step).where(Checkpoint.job_id == job_id)))
+        self.health = HealthMonitor(session, job_id)
 
     def snapshot(self) -> tuple:
         """The reading position, to `restore` when the transaction of a `poll` fails and is retried later."""
@@ -160,24 +165,28 @@ class RunIngestor:
             set(self.known_metric_steps),
             set(self.known_sample_keys),
             set(self.known_checkpoints),
+            self.health.snapshot(),
         )
 
     def restore(self, state: tuple) -> None:
-        positions, reported, counts, *known = state
+        positions, reported, counts, *known, health = state
+        self.health.restore(health)
         for tail, (offset, bad_lines) in zip(self.tails, positions, strict=True):
             tail.offset, tail.bad_lines = offset, bad_lines
         self.reported_bad_lines = dict(reported)
         self.sample_counts = defaultdict(int, counts)
         self.known_metric_steps, self.known_sample_keys, self.known_checkpoints = known
 
-    def poll(self, session: Session, final: bool = False) -> dict[str, Any]:
-        """Ingest what is new; returns {"steps": [...], "samples": n, "checkpoints": [...]} of this call."""
-        steps = self._ingest_metrics(session, final)
+    def poll(self, session: Session, final: bool = False, pausable: bool = True) -> dict[str, Any]:
+        """Ingest what is new; returns {"steps": [...], "samples": n, "checkpoints": [...], "events": n, "pause":
+        [alarms]} of this call: "pause" holds the alarms that started firing and pause the job (in its
+        health.pause_on, when `pausable`: the run can still be paused)."""
+        steps, pause = self._ingest_metrics(session, final, pausable)
         n_samples = self._ingest_samples(session, final)
         checkpoints = self._register_checkpoints(session)
         events = self._relay_events(session, final)
         self._report_bad_lines(session)
-        return {"steps": steps, "samples": n_samples, "checkpoints": checkpoints, "events": events}
+        return {"steps": steps, "samples": n_samples, "checkpoints": checkpoints, "events": events, "pause": pause}
 
     # --------------------------------------------------------------------------------------------- events
     def _relay_events(self, session: Session, final: bool) -> int:
@@ -203,16 +212,18 @@ class RunIngestor:
                 add_event(session, self.job_id, "log", {"message": message, "level": "warning"})
 
     # --------------------------------------------------------------------------------------------- metrics
-    def _ingest_metrics(self, session: Session, final: bool) -> list[int]:
+    def _ingest_metrics(self, session: Session, final: bool, pausable: bool) -> tuple[list[int], list[Alarm]]:
         lines, _ = self.metrics.read(final)
         if not lines:
-            return []
+            return [], []
         by_step: dict[int, dict[str, float]] = {}
+        raw_by_step: dict[int, dict[str, Any]] = {}  # as written, for the health monitor: a null is not dropped
         for line in lines:  # a step written twice (it cannot be, but) keeps its last values
             values = {
                 _text(k): v for k, v in ((k, _number(v)) for k, v in line.items() if k != "step") if v is not None
             }
             by_step.setdefault(line["step"], {}).update(values)
+            raw_by_step.setdefault(line["step"], {}).update((k, v) for k, v in line.items() if k != "step")
         sqlite = session.get_bind().dialect.name == "sqlite"
         rows = [
             {"job_id": self.job_id, "step": step, "name": name, "value": value}
@@ -222,6 +233,7 @@ class RunIngestor:
         ]
         upsert(session, Metric, rows, ("job_id", "step", "name"))
         new_steps = sorted(s for s in by_step if s not in self.known_metric_steps)
+        pause: list[Alarm] = []
         for step in new_steps:
             values = by_step[step]
             add_event(
@@ -230,6 +242,7 @@ class RunIngestor:
                 "metrics",
                 {"step": step, "metrics": {k: _json_safe(v) for k, v in values.items()}},
             )
+            pause += self.health.observe(session, step, raw_by_step[step], pausable and not pause)
         self.known_metric_steps.update(new_steps)
         last_step = max(by_step)
         fields: dict[str, Any] = {}
@@ -242,7 +255,7 @@ class RunIngestor:
             fields["latest_reward"] = reward if math.isfinite(reward) else None
         if fields:
             session.execute(update(Job).where(Job.id == self.job_id).values(**fields))
-        return new_steps
+        return new_steps, pause
 
     # --------------------------------------------------------------------------------------------- samples
     def _ingest_samples(self, session: Session, final: bool) -> int:
@@ -335,4 +348,7 @@ def prune_after(session: Session, job_id: int, step: int | None) -> None:
             .order_by(Metric.step.desc())
             .limit(1)
         )
-    session.execute(update(Job).where(Job.id == job_id).values(step=step or 0, latest_reward=reward))
+    fields: dict[str, Any] = {"step": step or 0, "latest_reward": reward}
+    if step is None:  # a start from scratch: the alarms judged the metrics deleted here (from a checkpoint they stay)
+        fields["alarms"] = []
+    session.execute(update(Job).where(Job.id == job_id).values(**fields))

@@ -17,13 +17,16 @@
    output appended to RUN_DIR/train.log. On Linux it gets SIGKILL if the worker process dies (PR_SET_PDEATHSIG). Its
    environment is `aligner.processes.minimal_env()`: what a trainer needs, never the worker's database or broker URL.
 4. Follow, every `poll_interval` (0.5 s): renew the heartbeat (only while this worker still owns the lease),
-   ingest metrics, samples and checkpoints (worker/ingest.py), and honour a cancel: SIGTERM to the trainer's
-   group (it stops at the next step boundary with a checkpoint), SIGKILL after `cancel_grace` seconds.
-5. End: exit 0 -> succeeded; a cancel -> cancelled; the worker stopping (SIGTERM, worker/shutdown.py) -> the job
-   goes back to the queue without counting an attempt, its message sent again; a trainer killed by a signal from
-   outside -> re-queued (an attempt counted); another non-zero status -> failed with the trainer's error message and
-   the tail of train.log. Every status change is conditional (`webapp.db.transition`); one that races a cancel is
-   decided again. Whatever happens in the worker, the trainer's whole process group is killed on the way out.
+   ingest metrics, samples and checkpoints (worker/ingest.py) and judge the run's health (worker/health_monitor.py),
+   and honour a cancel: SIGTERM to the trainer's group (it stops at the next step boundary with a checkpoint),
+   SIGKILL after `cancel_grace` seconds. A health alarm in the job's `health.pause_on` that starts firing stops the
+   trainer the same way.
+5. End: exit 0 -> succeeded; a cancel -> cancelled; a pausing alarm -> paused (a cancel meanwhile wins); the worker
+   stopping (SIGTERM, worker/shutdown.py) -> the job goes back to the queue without counting an attempt, its message
+   sent again; a trainer killed by a signal from outside -> re-queued (an attempt counted); another non-zero status
+   -> failed with the trainer's error message and the tail of train.log. Every status change is conditional
+   (`webapp.db.transition`); one that races a cancel is decided again. Whatever happens in the worker, the trainer's
+   whole process group is killed on the way out.
 
 A job that lost its worker is re-queued by the recovery sweep (worker/recovery.py), and its next run resumes from
 the last checkpoint.
@@ -63,6 +66,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from aligner.errors import ServerStartError
+from aligner.health import Alarm
 from aligner.processes import die_with_parent, minimal_env, signal_group
 from aligner.run_layout import (
     CRITIC_LOG,
@@ -79,6 +83,7 @@ from webapp.db import (
     CANCELLED,
     CANCELLING,
     FAILED,
+    PAUSED,
     QUEUED,
     RUNNING,
     SUCCEEDED,
@@ -192,6 +197,7 @@ class JobRun:
         self.critic: CriticServer | None = None  # the critic server this run started, until it is stopped
         self.devices = DeviceLease()  # the GPUs this run holds, until it ends
         self.handing_back = False  # the worker is stopping: the job goes back to the queue when the trainer stops
+        self.pausing: Alarm | None = None  # the health alarm that stops the trainer: the job ends paused
 
     def result(self, outcome: str, **extra: Any) -> dict[str, Any]:
         return {"job_id": self.job_id, "outcome": outcome, "worker": self.owner, **extra}
@@ -444,8 +450,19 @@ class JobRun:
                     job = renew_lease(session, self.job_id, self.owner)
                     if job is None:
                         return self._lost_lease()
-                    ingestor.poll(session, final=returncode is not None)
                     cancel = job.cancel_requested or job.status == CANCELLING
+                    pausable = returncode is None and not (cancel or cancelled or self.handing_back)
+                    pause = ingestor.poll(session, final=returncode is not None, pausable=pausable)["pause"]
+                    if pause and self.pausing is None:
+                        self.pausing = pause[0]
+                        if term_at is None:
+                            term_at = time.monotonic()
+                            signal_group(proc, signal.SIGTERM)
+                        message = (
+                            f"alarm {self.pausing.name} fired at step {self.pausing.step} (health.pause_on): the "
+                            "trainer stops at the next step boundary (checkpoint) and the job is paused"
+                        )
+                        add_event(session, self.job_id, "log", {"message": message, "alarm": self.pausing.name})
                     if returncode is None and not cancelled and (cancel or (stop_requested() and term_at is None)):
                         # a cancel overrides a hand-back under way: the job ends cancelled, not queued
                         cancelled, self.handing_back = cancel, not cancel
@@ -510,6 +527,14 @@ class JobRun:
                     note += f"; killed {settings.cancel_grace:.0f} s after SIGTERM"
                 transition(session, job, CANCELLED, error=None, devices=None)
                 add_event(session, job.id, "log", {"message": f"cancelled: {note}"})
+            elif self.pausing is not None:
+                alarm = self.pausing.name
+                note = f"stopped at {where}" if newest is not None else "stopped before a checkpoint"
+                if killed:
+                    note += f"; killed {settings.cancel_grace:.0f} s after SIGTERM"
+                transition(session, job, PAUSED, error=None, devices=None)
+                message = f"paused by alarm {alarm} (health.pause_on): {note}; resume the job to continue"
+                add_event(session, job.id, "log", {"message": message, "alarm": alarm})
             elif self.handing_back:
                 return self._hand_back(launch, f"worker {self.owner} stopped", session=session)
             elif signalled and job.attempts < settings.max_attempts:

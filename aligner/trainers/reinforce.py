@@ -104,6 +104,7 @@ from aligner.trainers.rollout import rollout_metrics, sample_prompt_indices, sam
 from aligner.trainers.run_log import RunLog, Timers
 from aligner.trainers.schedule import lr_scheduler
 from aligner.trainers.signals import stop_on_signals
+from aligner.trainers.tracking import require_packages
 
 VALIDATION_SEED_OFFSET = 7_919  # validation samples with its own fixed noise, the same at every validation
 RANK_SEED_STRIDE = 1 << 32  # rank r samples with seed + r * stride: its own noise, never another step's
@@ -142,6 +143,7 @@ class ReinforceTrainer:
         # Input that can be wrong is checked before any model loads.
         if self.uses_megatron and self.uses_lora:
             raise ConfigError("model.backend=megatron trains the full model: model.lora.r must be 0")
+        require_packages(cfg.logging)
         train_records = read_prompt_file(cfg.data.train_file)
         val_records = read_prompt_file(cfg.data.val_file)
         checkpoints = list_checkpoints(self.run_dir)
@@ -224,7 +226,13 @@ class ReinforceTrainer:
         if distributed.is_main():
             save_config(cfg, self.run_dir / "config.yaml")
         resume_step = self.step if self.resumed_from else None
-        self.log = RunLog(self.run_dir, resume_step=resume_step, enabled=distributed.is_main())
+        self.log = RunLog(
+            self.run_dir,
+            resume_step=resume_step,
+            enabled=distributed.is_main(),
+            tracking=cfg.logging,
+            params=cfg.model_dump(mode="json"),
+        )
         for step, reason in self.skipped_checkpoints:
             self.log.log_event(step, damaged_message(step, reason, resume_step), level="warning")
 
@@ -355,6 +363,7 @@ class ReinforceTrainer:
         elif distributed.is_main():
             print(f"stopped at step {self.step}; continue with --resume", file=sys.stderr)
         self._close_reward_clients()
+        self.log.close(finished=self.step >= cfg.max_steps)
 
     def _reward_clients(self) -> list:
         """The main reward client (if any) and the extra validation ones."""

@@ -7,18 +7,25 @@
   service's worker relays each line as a job event; it starts the file afresh at each launch, having relayed it).
 Lines are flushed as they are written, so another process (the worker) can follow the files live. On resume,
 lines of steps after the checkpoint are dropped, so no step is ever written twice.
+
+With `logging.tensorboard` / `logging.mlflow` the metrics also go to TensorBoard and MLflow (tracking.py).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aligner.run_layout import EVENTS_FILE, METRICS_FILE, SAMPLES_FILE
+from aligner.trainers.tracking import open_sinks
+
+if TYPE_CHECKING:
+    from aligner.config import LoggingConfig
 
 
 def truncate_after(path: Path, step: int) -> None:
@@ -50,12 +57,22 @@ def reward_change(values: list[float], window: int = 5) -> str:
 
 
 class RunLog:
-    def __init__(self, run_dir: Path, resume_step: int | None = None, enabled: bool = True, events_only: bool = False):
+    def __init__(
+        self,
+        run_dir: Path,
+        resume_step: int | None = None,
+        enabled: bool = True,
+        events_only: bool = False,
+        tracking: LoggingConfig | None = None,
+        params: dict[str, Any] | None = None,
+    ):
         """`events_only`: for events before the run's position is known (the trainer's setup): the metrics and
-        samples files are left alone, and only `log_event` may be used."""
+        samples files are left alone, and only `log_event` may be used. `tracking`: the `logging` section, whose
+        TensorBoard / MLflow sinks get the metrics too; `params`: the resolved config they record."""
         self.enabled = enabled
         self.metrics_path, self.samples_path = run_dir / METRICS_FILE, run_dir / SAMPLES_FILE
         self.events_path = run_dir / EVENTS_FILE
+        self.sinks: list = []
         if not enabled:
             return
         if events_only:
@@ -66,6 +83,8 @@ class RunLog:
                 path.unlink(missing_ok=True)
             else:
                 truncate_after(path, resume_step)
+        if tracking is not None:
+            self.sinks = open_sinks(run_dir, tracking, resume_step, params or {})
 
     def _append(self, path: Path, rows: list[dict[str, Any]]) -> None:
         if self.enabled and rows:
@@ -74,6 +93,21 @@ class RunLog:
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         self._append(self.metrics_path, [{"step": step, **metrics}])
+        for sink in list(self.sinks):
+            try:
+                sink.log_metrics(step, metrics)
+            except Exception as err:  # metrics.jsonl has the step: a tracking store that fails must not end the run
+                self.sinks.remove(sink)
+                message = f"{sink.name} logging stopped: {type(err).__name__}: {err}"
+                print(f"WARNING: {message}", file=sys.stderr)
+                self.log_event(step, message, level="warning")
+
+    def close(self, finished: bool) -> None:
+        """End the TensorBoard / MLflow logging: the MLflow run as FINISHED (`finished`) or KILLED (stopped early:
+        a resume continues it)."""
+        for sink in self.sinks:
+            sink.close("FINISHED" if finished else "KILLED")
+        self.sinks = []
 
     def log_samples(self, rows: list[dict[str, Any]]) -> None:
         self._append(self.samples_path, rows)

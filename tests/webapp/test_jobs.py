@@ -28,12 +28,15 @@ def count(db_session, model, job_id: int) -> int:
 @both_backends
 def test_create_job_resolves_config_sets_run_dir_and_enqueues(client, token, config, data_dir, queue, db_session):
     config["run_dir"] = "/tmp/somewhere-else"  # the server's choice wins
+    config["health"] = {"pause_on": ["kl_growth"]}
     job = create_job(client, token, config, name="first", num_processes=2)
     assert job["status"] == "queued" and job["name"] == "first" and job["num_processes"] == 2
     assert job["run_dir"] == str(data_dir.resolve() / "runs" / f"job_{job['id']}")
     assert job["config"]["run_dir"] == job["run_dir"]
     assert job["config"]["model"]["policy"] == "tiny-sft" and "policy_path" not in job["config"]["model"]
     assert job["config"]["optim"]["lr"] == 1e-6  # defaults filled in
+    assert job["config"]["health"]["pause_on"] == ["kl_growth"] and job["config"]["health"]["kl_max"] == 1.0
+    assert job["alarms"] == []
     assert job["max_steps"] == 5 and job["step"] == 0 and job["cancel_requested"] is False
     assert job["created_at"].endswith("+00:00")
     assert queue.job_ids == [job["id"]]
@@ -80,7 +83,7 @@ def test_cancel_each_status(client, token, config, db_session):
     again = client.post(url.format(running["id"]), headers=bearer(token))  # idempotent while cancelling
     assert again.status_code == 200 and again.json["status"] == "cancelling"
 
-    for final in ("succeeded", "failed", "cancelled"):
+    for final in ("succeeded", "failed", "cancelled", "paused"):
         set_job(db_session, running["id"], status=final)
         response = client.post(url.format(running["id"]), headers=bearer(token))
         assert response.status_code == 409, final
@@ -96,7 +99,8 @@ def test_resume_needs_a_finished_job_with_a_checkpoint_and_keeps_metrics(client,
     job = create_job(client, token, config)
     url = f"/api/v1/jobs/{job['id']}/resume"
     assert client.post(url, headers=bearer(token)).status_code == 409  # queued: not finished
-    set_job(db_session, job["id"], status="cancelled", step=2, error="stopped", attempts=3, worker="w1")
+    set_job(db_session, job["id"], status="paused", step=2, error="stopped", attempts=3, worker="w1")
+    set_job(db_session, job["id"], alarms=["kl_growth"])
     response = client.post(url, headers=bearer(token))
     assert response.status_code == 409 and "no checkpoint" in response.json["message"]
 
@@ -108,6 +112,7 @@ def test_resume_needs_a_finished_job_with_a_checkpoint_and_keeps_metrics(client,
     assert response.json["status"] == "queued" and response.json["error"] is None
     assert response.json["step"] == 2 and response.json["finished_at"] is None
     assert response.json["attempts"] == 0 and response.json["worker"] is None
+    assert response.json["alarms"] == ["kl_growth"]  # still firing: it pauses the job again only after it clears
     assert queue.job_ids == [job["id"], job["id"]]
     assert count(db_session, Metric, job["id"]) == 1 and count(db_session, Checkpoint, job["id"]) == 1
 
@@ -122,6 +127,7 @@ def test_retry_starts_over(client, token, config, db_session, queue):
     run_dir = Path(job["run_dir"])
     (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
     set_job(db_session, job["id"], status="failed", step=2, error="boom", attempts=3, latest_reward=0.4)
+    set_job(db_session, job["id"], alarms=["nonfinite"])
     with db_session() as session:
         session.add(Checkpoint(job_id=job["id"], step=2, path=str(run_dir / "checkpoints" / "step_000002")))
         session.add(Metric(job_id=job["id"], step=1, name="train_rollouts/rewards", value=0.5))
@@ -136,10 +142,13 @@ def test_retry_starts_over(client, token, config, db_session, queue):
         None,
         None,
     )
+    assert body["alarms"] == []
     assert not run_dir.exists()
     assert [count(db_session, m, job["id"]) for m in (Metric, Sample, Checkpoint)] == [0, 0, 0]
     assert count(db_session, Event, job["id"]) == 2  # the first queued event is kept, then queued again
     assert queue.job_ids == [job["id"], job["id"]]
+    set_job(db_session, job["id"], status="paused")
+    assert client.post(url, headers=bearer(token)).json["status"] == "queued"
 
 
 @both_backends

@@ -56,6 +56,18 @@ def test_paths_and_urls_are_refused_with_the_field_to_use_instead(
     ]
 
 
+@pytest.mark.parametrize("uri", ["file:///etc", "http://169.254.169.254/latest", None])
+def test_a_job_may_log_to_tensorboard_and_mlflow_but_not_choose_the_tracking_store(client, token, config, uri):
+    config["logging"] = {"tensorboard": True, "mlflow": True, "mlflow_tracking_uri": uri}
+    response = post_job(client, token, config)
+    assert response.status_code == 422, response.json
+    reason = "not accepted: a job's MLflow run is kept in its run folder (mlflow.db)"
+    assert response.json["errors"] == {"config.logging.mlflow_tracking_uri": [reason]}
+    del config["logging"]["mlflow_tracking_uri"]
+    job = create_job(client, token, config)
+    assert job["config"]["logging"] == {"tensorboard": True, "mlflow": True, "mlflow_experiment": "aligner"}
+
+
 @both_backends
 @pytest.mark.parametrize(
     "target", ["os:system", "subprocess:run", "pty:spawn", "builtins:exec", "aligner.demo:reward"]

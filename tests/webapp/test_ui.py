@@ -22,7 +22,7 @@ from aligner.config import TrainConfig
 from aligner.demo.templates import CONFIG_TEMPLATE, ppo_config_text
 from webapp import ui
 from webapp.db import MODEL_KINDS, SERVER_KINDS, ApiToken, revoke_token
-from webapp.ui import api, catalogue, form, frames, tabs
+from webapp.ui import api, catalogue, form, frames, new_job, tabs
 
 NOW = dt.datetime(2026, 11, 22, 19, 0, 0, tzinfo=dt.UTC)
 
@@ -150,10 +150,7 @@ def test_the_form_picks_the_algorithm_and_the_critic():
     assert not form.visible_fields({**values, "algorithm": "reinforce"})["critic_source"]
 
 
-def test_samples_and_checkpoints_frames():
-    page = {"items": [{"step": 1, "split": "train", "index": 0, "prompt": "p", "response": "r", "reward": 1.0,
-                       "kl": 0.1, "advantage": -0.5, "is_end": True}], "total": 1}  # fmt: skip
-    assert frames.samples_frame(page).values.tolist() == [[1, "train", 0, "p", "r", 1.0, 0.1, -0.5, True]]
+def test_checkpoints_frame():
     ckpts = {"items": [{"step": 2, "path": "/runs/job_1/checkpoints/step_000002", "created_at": "t"}]}
     assert frames.checkpoints_frame(ckpts)["step"].tolist() == [2]
 
@@ -210,7 +207,7 @@ def test_field_errors_map_422_paths_to_form_fields():
     assert by_field["function_args"] == ["Input should be greater than or equal to 0"]
     assert "reward_function" not in by_field
     assert by_field["train_dataset"] == ["dataset 'x' not found"]
-    assert by_field["policy"] == by_field["tokenizer"] == ["bad"]  # a section without a field: each field in it
+    assert by_field["policy"] == ["bad"] and "tokenizer" not in by_field  # a section: the one field standing for it
     assert by_field["name"] == ["Shorter than minimum length 1."]
     assert other == {"config.trainer.max_stepz": ["unknown field"], "config": ["bad"]}
     listed = form.errors_markdown(errors)
@@ -286,19 +283,6 @@ def test_the_app_builds(tmp_path):
     assert app.title == "Aligner"
 
 
-def test_one_validation_prompt_followed_across_steps():
-    items = [
-        {"step": 2, "split": "validation", "prompt": "p1", "response": "b", "reward": 0.5, "kl": 0.1},
-        {"step": 0, "split": "validation", "prompt": "p1", "response": "a", "reward": 0.1, "kl": 0.0},
-        {"step": 0, "split": "validation", "prompt": "p2", "response": "c", "reward": 0.2, "kl": 0.0},
-        {"step": 1, "split": "train", "prompt": "p1", "response": "t", "reward": 9.0, "kl": 0.0},
-    ]
-    assert frames.validation_prompts(items) == ["p1", "p2"]
-    history = frames.prompt_history(items, "p1")
-    assert history["step"].tolist() == [0, 2] and history["response"].tolist() == ["a", "b"]
-    assert frames.prompt_history(items, None).empty
-
-
 def test_the_form_starts_from_the_configs_defaults():
     assert {"algorithm", "num_prompts_per_step", "kl_penalty", "lr", "max_steps", "temperature"} <= set(form.DEFAULTS)
     assert form.DEFAULTS["lr"] == TrainConfig.model_fields["optim"].default_factory().lr
@@ -368,10 +352,10 @@ def test_the_drop_downs_list_the_catalogue_and_the_users_datasets(session, api_u
     admin.post("/catalogue/servers", {"name": "critic-1", "url": "http://127.0.0.1:9", "kind": "critic"})
     admin.post("/catalogue/reward-functions", {"name": "letters", "target": "tests.helpers.rewards:letter_reward"})
 
-    lists, summary, *updates, function_help, new_token, line = tabs.form_lists(session, token, {})
+    lists, summary, *updates, function_help, new_token, line = new_job.form_lists(session, token, {})
     assert new_token == line == {"__type__": "update"}
     assert summary.startswith("From the catalogue: policies: 1 · datasets: 3 · reward functions: 6 · reward models: 1")
-    by_key = dict(zip(tabs.PICKERS, updates, strict=True))
+    by_key = dict(zip(new_job.PICKERS, updates, strict=True))
     assert by_key["policy"]["choices"] == [("tiny-sft — test, 0 B", "tiny-sft")]
     assert by_key["policy"]["value"] == "tiny-sft"  # the first choice, as nothing was picked
     assert by_key["tokenizer"]["choices"] == [("(the policy's own)", ""), ("tiny-sft — test, 0 B, policy", "tiny-sft")]
@@ -396,11 +380,11 @@ def test_the_drop_downs_list_the_catalogue_and_the_users_datasets(session, api_u
     # A preset names datasets; the drop-downs hold ids: the name becomes the newest dataset's id of that name.
     assert catalogue.pick(datasets, "train.jsonl") == datasets[2][1]
     assert catalogue.pick(datasets, "gone.jsonl") == "gone.jsonl"
-    again = tabs.form_lists(session, token, {"policy": "tiny-sft", "val_dataset": "val.jsonl"})
-    by_key = dict(zip(tabs.PICKERS, again[2:-3], strict=True))
+    again = new_job.form_lists(session, token, {"policy": "tiny-sft", "val_dataset": "val.jsonl"})
+    by_key = dict(zip(new_job.PICKERS, again[2:-3], strict=True))
     assert by_key["val_dataset"]["value"] == datasets[1][1]
 
-    cleared = tabs.form_lists(session, "", {})  # signed out: emptied, nothing asked
+    cleared = new_job.form_lists(session, "", {})  # signed out: emptied, nothing asked
     assert cleared[0] == {} and all(update["choices"] == [] for update in cleared[2:-3])
 
 
@@ -412,7 +396,7 @@ def test_the_forms_job_names_catalogue_entries_and_the_api_accepts_it(session, a
               "train_dataset": train_id, "val_dataset": val_id, "reward_source": "function",
               "reward_function": "numeric_match", "function_args": '{"tolerance": 0.01}', "max_steps": 3}  # fmt: skip
 
-    message, job_id, *errors, new_token, line = tabs.submit_job(session, token, "optim: {warmup_steps: 0}", values)
+    message, job_id, *errors, new_token, line = new_job.submit_job(session, token, "optim: {warmup_steps: 0}", values)
     assert message == f"Submitted **job {job_id}** (queued)." and not any(errors)
     config = user.get(f"/jobs/{job_id}")["config"]
     assert config["model"]["policy"] == "tiny-sft"
@@ -422,13 +406,13 @@ def test_the_forms_job_names_catalogue_entries_and_the_api_accepts_it(session, a
 
     ppo = {**values, "algorithm": "ppo", "critic_source": "model", "critic_model": "tiny-rm",
            "reward_source": "model", "reward_model": "tiny-rm"}  # fmt: skip
-    message, job_id, *_rest = tabs.submit_job(session, token, "", ppo)
+    message, job_id, *_rest = new_job.submit_job(session, token, "", ppo)
     assert message.startswith("Submitted"), message
     config = user.get(f"/jobs/{job_id}")["config"]
     assert config["critic"]["model"] == "tiny-rm" and config["reward"]["model"] == "tiny-rm"
 
     # The API's reasons land under the fields they concern; the dashboard's own check comes first.
-    message, job_id, *errors, new_token, line = tabs.submit_job(
+    message, job_id, *errors, new_token, line = new_job.submit_job(
         session, token, "", {**values, "function_args": '{"tolerance": -1}', "policy": "nope"}
     )
     per_field = dict(zip(form.FORM_FIELDS, errors, strict=True))
@@ -436,7 +420,7 @@ def test_the_forms_job_names_catalogue_entries_and_the_api_accepts_it(session, a
     assert "greater than or equal to 0" in per_field["function_args"]
     assert "model 'nope' not found in the catalogue" in per_field["policy"]
     assert unchanged([new_token, line])
-    message, _id, *errors, _token, _line = tabs.submit_job(session, token, "", {**values, "function_args": "[1]"})
+    message, _id, *errors, _token, _line = new_job.submit_job(session, token, "", {**values, "function_args": "[1]"})
     per_field = dict(zip(form.FORM_FIELDS, errors, strict=True))
     assert message.startswith("**Not submitted**: Reward function arguments (JSON object): must be a JSON object")
     assert per_field["function_args"].startswith("⚠ must be a JSON object") and not per_field["policy"]
@@ -533,12 +517,13 @@ def test_a_rejected_token_signs_the_tab_out_instead_of_being_sent_again(session,
         assert sent == [401]
         # Signed out, the tick's refreshes ask nothing.
         assert session.refresh_jobs("") == [{"__type__": "update"}] * 3 and sent == [401]
-        assert tabs.form_lists(session, "", {})[1] == "Sign in to fill the lists from the catalogue." and sent == [401]
+        signed_out = new_job.form_lists(session, "", {})
+        assert signed_out[1] == "Sign in to fill the lists from the catalogue." and sent == [401]
         # Anything else that meets the rejected token signs the tab out too.
         for out in (
-            tabs.submit_job(session, token, "", {**form.DEFAULTS, "policy": "tiny-sft"}),
+            new_job.submit_job(session, token, "", {**form.DEFAULTS, "policy": "tiny-sft"}),
             tabs.catalogue_action(session, catalogue.remove_entry, token, "model", "tiny-sft"),
-            tabs.form_lists(session, token, {}),
+            new_job.form_lists(session, token, {}),
         ):
             assert out[-2:] == ["", "Signed out (token rejected: sign in again)."]
         assert sent == [401] * 4
@@ -563,12 +548,12 @@ def test_a_preset_fills_the_form_naming_datasets_by_their_ids(tmp_path):
     demo.mkdir()
     (demo / "reinforce.yaml").write_text(CONFIG_TEMPLATE)
     app = ui.build_app("http://127.0.0.1:5000", tmp_path)
-    laid_out = [key for row in tabs.FORM_ROWS for key in row]  # the order of the form's inputs
+    laid_out = [key for row in new_job.FORM_ROWS for key in row]  # the order of the form's inputs
     assert sorted(laid_out) == sorted(form.FORM_FIELDS)  # each field once
     apply = next(fn.fn for fn in app.fns.values() if fn.name == "apply_preset")
     lists = {"train_dataset": [("demo-prompts-train.jsonl (40 prompts, shared)", 7)],
              "val_dataset": [("other.jsonl (3 prompts, yours)", 2)]}  # fmt: skip
-    picked = {key: None for key in tabs.PICKERS}
+    picked = {key: None for key in new_job.PICKERS}
     *values, advanced = apply("demo tiny model", lists, *picked.values())
     shown = dict(zip(laid_out, values, strict=True))
     assert shown["policy"] == "demo-policy" and shown["reward_function"] == "demo" and shown["lr"] == 3.0e-4
@@ -577,7 +562,8 @@ def test_a_preset_fills_the_form_naming_datasets_by_their_ids(tmp_path):
     assert "warmup_steps: 5" in advanced
     *values, advanced = apply("defaults", lists, *{**picked, "policy": "mine", "train_dataset": 2}.values())
     shown = dict(zip(laid_out, values, strict=True))
-    assert (shown["policy"], shown["train_dataset"], advanced) == ("mine", 2, "")  # the defaults keep the picks
+    assert (shown["policy"], shown["train_dataset"]) == ("mine", 2)  # the defaults keep the picks
+    assert advanced == form.advanced_yaml("reinforce")
 
 
 def test_the_ui_knows_the_apis_kinds():

@@ -29,7 +29,7 @@ def stack(tmp_path):
 def test_dashboard_signs_in_submits_follows_and_cancels(stack, tmp_path, tiny_policy_dir):
     ARTIFACTS.mkdir(exist_ok=True)
     prompts = tmp_path / "prompts.jsonl"
-    prompts.writetext("".join(json.dumps({"prompt": p}) + "\n" for p in ("the cat", "a dog", "the sea")))
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("the cat", "a dog", "the sea")))
     upload_prompts(stack, prompts)
     form = {
         "f-name": "ui tiny",

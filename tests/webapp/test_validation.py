@@ -41,6 +41,7 @@ def test_bad_config_fields_are_422_each_named(client, token, config):
     config["optim"] = {"lr": -1, "betas": "fast"}
     config["trainer"] = {"max_steps": "many", "save_intervall": 5}
     config["colour"] = "blue"
+    config["health"] = {"pause_on": ["kl_growth", "reward_hacking"]}
     response = post_job(client, token, {"name": "x", "config": config})
     assert response.status_code == 422
     errors = response.json["errors"]
@@ -50,8 +51,10 @@ def test_bad_config_fields_are_422_each_named(client, token, config):
         "config.trainer.max_steps",
         "config.trainer.save_intervall",
         "config.colour",
+        "config.health.pause_on",
     }
     assert errors["config.colour"] == ["unknown field"]
+    assert errors["config.health.pause_on"][0].startswith("unknown alarm 'reward_hacking': give some of")
     assert "greater than 0" in errors["config.optim.lr"][0]
     assert any(key.startswith("config.optim.betas") for key in errors)
 

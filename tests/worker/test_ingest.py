@@ -126,7 +126,7 @@ def test_reingesting_after_a_restart_duplicates_nothing(factory, tmp_path):
 
     # A new worker reads the same files from the start, then the trainer goes on.
     ingestor = new_ingestor(factory, job_id, tmp_path)
-    assert poll(factory, ingestor) == {"steps": [], "samples": 4, "checkpoints": [], "events": 0}
+    assert poll(factory, ingestor) == {"steps": [], "samples": 4, "checkpoints": [], "events": 0, "pause": []}
     assert (rows(factory, Metric.step, Metric.name, Metric.value), rows(factory, Sample.step, Sample.index)) == before
     assert len(events(factory, job_id)) == n_events
     with (tmp_path / "metrics.jsonl").open("a") as f:
@@ -141,7 +141,7 @@ def test_reingesting_after_a_restart_duplicates_nothing(factory, tmp_path):
 
 def test_a_failed_transaction_is_read_again(factory, tmp_path):
     job_id = create_job(factory, {}, tmp_path)
-    (tmp_path / "metrics.jsonl").write_text(metric_line(0, 0.0))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "train_optim/grad_norm": math.inf}) + "\n")
     ingestor = new_ingestor(factory, job_id, tmp_path)
     snapshot = ingestor.snapshot()
     with factory() as session:
@@ -149,7 +149,8 @@ def test_a_failed_transaction_is_read_again(factory, tmp_path):
         session.rollback()  # e.g. the database went away before the commit
     ingestor.restore(snapshot)
     assert poll(factory, ingestor)["steps"] == [0]
-    assert rows(factory, Metric.step) == [(0,), (0,)]
+    assert rows(factory, Metric.step) == [(0,)]
+    assert [(e["alarm"], e["state"]) for e in events(factory, job_id, "health")] == [("nonfinite", "firing")]
 
 
 def test_non_finite_values(factory, tmp_path):

@@ -268,3 +268,65 @@ def test_a_torn_newest_checkpoint_is_skipped_and_what_follows_the_one_before_is_
         "step": 4,
     }
     assert logs[1]["message"].endswith("training from checkpoint step 2")
+
+
+# A trainer that logs a KL of 2 a step (50 ms each) and, told SIGTERM, stops at the step boundary with a checkpoint.
+FAKE_TRAINER = """#!{python}
+import json, pathlib, signal, sys, time
+import yaml
+
+args = sys.argv[1:]
+config = yaml.safe_load(pathlib.Path(args[args.index("--config") + 1]).read_text())
+run_dir, last = pathlib.Path(config["run_dir"]), config["trainer"]["max_steps"]
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+saved = [int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*")]
+for n in range(max(saved) + 1 if "--resume" in args else 1, last + 1):
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({{"step": n, "train_rollouts/init_policy_kl": 2.0, "train_optim/loss": 0.1}}) + "\\n")
+    time.sleep(0.05)
+    if stop or n == last:
+        (run_dir / "checkpoints" / f"step_{{n:06d}}").mkdir(parents=True)
+        (run_dir / "checkpoints" / f"step_{{n:06d}}" / "trainer_state.pt").write_bytes(b"x")
+        if stop:
+            sys.exit(0)
+(run_dir / "final_policy").mkdir()
+"""
+
+
+def test_a_pause_on_alarm_pauses_the_job_at_a_checkpoint_and_resume_does_not_pause_it_again(tmp_path, job_config):
+    """An alarm in health.pause_on stops the trainer at the step boundary with a checkpoint, as a cancel does, and
+    the job ends paused; resumed, it runs to the end: the alarm still fires, and one episode pauses the job once."""
+    from webapp.db import QUEUED, Base, make_engine, make_session_factory, transition
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'aligner.db'}")
+    Base.metadata.create_all(engine)
+    factory = make_session_factory(engine)
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_TRAINER.format(python=sys.executable))
+    fake.chmod(0o755)
+    s = worker_settings(tmp_path, python=str(fake), poll_interval=0.1)
+    health = {"pause_on": ["kl_growth"], "window": 2, "min_points": 2}  # a KL of 2 passes kl_max (1) at step 2
+    job_id = create_job(factory, job_config(max_steps=30, health=health), tmp_path / "run")
+
+    assert run_job(job_id, s, factory)["outcome"] == "paused"
+    job = job_row(factory, job_id)
+    assert (job.status, job.alarms, job.error) == ("paused", ["kl_growth"], None)
+    assert 2 <= job.step < 30 and list(checkpoint_steps(tmp_path / "run")) == [job.step]
+    with session_scope(factory) as session:
+        events = session.execute(select(Event.kind, Event.payload).where(Event.job_id == job_id).order_by(Event.id))
+        events = [(kind, payload) for kind, payload in events]
+    [firing] = [payload for kind, payload in events if kind == "health"]
+    assert (firing["alarm"], firing["state"], firing["step"], firing["paused"]) == ("kl_growth", "firing", 2, True)
+    assert events[-2][1]["status"] == "paused"
+    assert events[-1][1]["message"] == (
+        f"paused by alarm kl_growth (health.pause_on): stopped at checkpoint step {job.step}; resume the job to "
+        "continue"
+    )
+
+    with session_scope(factory) as session:  # what POST /jobs/{id}/resume does
+        transition(session, session.get(Job, job_id), QUEUED, attempts=0, worker=None, heartbeat_at=None)
+    assert run_job(job_id, s, factory)["outcome"] == "succeeded"
+    job = job_row(factory, job_id)
+    assert (job.status, job.step, job.alarms) == ("succeeded", 30, ["kl_growth"])
+    engine.dispose()

@@ -10,15 +10,19 @@ rather than sent again on every refresh: failed sign-ins from one address are th
 - Jobs: your jobs (id, name, algorithm, status, step / max_steps, latest reward, age), refreshed every few seconds;
   cancel, resume or retry the selected job (click a row, or type its id).
 - New job: drop-downs filled from the catalogue at sign-in (and by Refresh lists): the policy (and a tokenizer), the
-  train and validation datasets (yours and the shared ones), the reward (a reward function with its JSON arguments
-  and the help of a built-in's parameters, a reward model or a reward server) and, for PPO, the critic (a model or a
-  server); the main knobs of a config, an advanced YAML editor merged under them, presets (aligner.config's
-  defaults, and the demo's runs naming the entries `aligner up --demo` registers when DATA_DIR/demo_assets holds its
-  configs). The job names catalogue entries, never paths; a 422 from the API is shown under the field it concerns.
+  train and validation datasets (yours and the shared ones; a JSONL file uploaded from the form is picked at once),
+  the reward (a reward function with its JSON arguments and the help of a built-in's parameters, a reward model or a
+  reward server) and, for PPO, the critic (a model or a server); the main knobs of a config, a short advanced YAML
+  of the sections that apply (sent as shown, merged under them), presets (aligner.config's defaults, and the demo's
+  runs naming the entries `aligner up --demo` registers when DATA_DIR/demo_assets holds its configs). "Try the
+  reward" scores a few prompts' samples with the form's config (POST /rewards/try: groups, spread, length
+  correlation, warnings); "Check (dry run)" lists the API's preflight checks and the estimated step time. The job
+  names catalogue entries, never paths; an API error shows under the one field it names, until that field changes.
 - Job page: live line charts of GET /jobs/{id}/metrics (a PPO job's critic loss, value estimates, clip fraction and
   entropy too), status, the event log (a PPO job's critic server starting and stopping) and the checkpoints.
-- Samples: the generations of a step (train / validation), filtered by step and reward range; one validation
-  prompt followed across steps.
+- Samples: the generations filtered by step, split and reward range (blank: no bound), readable (chat markup
+  stripped, numbers rounded) with a prompt's rollouts together and their group's mean reward, or one row per group;
+  one validation prompt followed across steps, two steps' answers shown with a word diff.
 - Compare: one metric of several jobs on one chart, whatever their algorithms (the same names mean the same).
 - Catalogue (admins only, GET /me): the models, reward functions and servers jobs may use, and the datasets the
   admin sees; register or remove an entry, share or unshare a dataset. The API's refusals are shown as it gives
@@ -27,7 +31,8 @@ rather than sent again on every refresh: failed sign-ins from one address are th
 Everything shown is fetched from the API, so a reload loses nothing but the token. Modules: `api` (the REST client),
 `frames` (API JSON -> pandas DataFrames and text), `form` (the New job form: defaults, presets, form -> job body,
 422 errors -> fields), `catalogue` (drop-down choices and labels, the Catalogue tab's tables and actions), all
-tested without a browser; `tabs` (the Gradio layout, one builder per tab, and the handlers it wires).
+tested without a browser; `tabs` (the header and the Jobs, Job page, Compare and Catalogue tabs: Gradio layout and
+handlers), `new_job` (the New job tab) and `samples` (the Samples tab, its tables and diff tested without a browser).
 """
 
 from __future__ import annotations
@@ -44,16 +49,16 @@ def build_app(api_url: str, data_dir: Path | None = None):
     # Gradio loads here, not at import: the helper modules and their tests do without it.
     import gradio as gr
 
-    from webapp.ui import tabs
+    from webapp.ui import new_job, samples, tabs
     from webapp.ui.form import presets
 
     with gr.Blocks(title="Aligner") as app:
         session, sign_in = tabs.header(api_url)
         with gr.Tabs():
             jobs_table = tabs.jobs_tab(session)
-            tabs.new_job_tab(session, presets(data_dir))
+            new_job.new_job_tab(session, presets(data_dir))
             tabs.job_page_tab(session)
-            tabs.samples_tab(session)
+            samples.samples_tab(session)
             tabs.compare_tab(session)
             tabs.catalogue_tab(session)
         tabs.wire_sign_in(session, sign_in, jobs_table)

@@ -10,6 +10,7 @@ import requests
 from aligner.errors import AlignerError
 
 TIMEOUT_S = 10
+UPLOAD_TIMEOUT_S = 60
 REJECTED = "token rejected: sign in again"
 
 
@@ -43,9 +44,9 @@ class Api:
         self.base = base_url.rstrip("/") + "/api/v1"
         self.headers = {"Authorization": f"Bearer {token}"}
 
-    def request(self, method: str, path: str, **kwargs) -> requests.Response:
+    def request(self, method: str, path: str, timeout: float = TIMEOUT_S, **kwargs) -> requests.Response:
         try:
-            response = requests.request(method, self.base + path, headers=self.headers, timeout=TIMEOUT_S, **kwargs)
+            response = requests.request(method, self.base + path, headers=self.headers, timeout=timeout, **kwargs)
         except requests.RequestException as err:
             raise ApiError(0, f"the API at {self.base} cannot be reached: {err}") from None
         if response.status_code >= 400:
@@ -61,8 +62,13 @@ class Api:
     def get(self, path: str, **params) -> Any:
         return self.request("GET", path, params=params).json()
 
-    def post(self, path: str, body: dict | None = None) -> Any:
-        return self.request("POST", path, json=body).json()
+    def post(self, path: str, body: dict | None = None, timeout: float = TIMEOUT_S, **params) -> Any:
+        return self.request("POST", path, timeout=timeout, json=body, params=params or None).json()
+
+    def upload(self, path: str, file_path: str, name: str) -> Any:
+        """POST a file as the multipart field `file`, named `name` (the dataset upload)."""
+        with open(file_path, "rb") as f:
+            return self.request("POST", path, timeout=UPLOAD_TIMEOUT_S, files={"file": (name, f)}).json()
 
     def patch(self, path: str, body: dict) -> Any:
         return self.request("PATCH", path, json=body).json()

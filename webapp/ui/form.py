@@ -1,4 +1,5 @@
-"""The New job form: its fields, defaults and presets, the POST /jobs body it builds, and a 422's errors by field.
+"""The New job form: its fields, defaults and presets, the POST /jobs body it builds, a 422's errors by field (one
+field each), the short advanced YAML of the sections that apply, and what "Try the reward" and the dry run show.
 
 The job names catalogue entries and datasets (model.policy, data.train_dataset, reward.function, ...), never paths:
 the drop-downs' choices come from the API (webapp/ui/catalogue.py)."""
@@ -190,42 +191,57 @@ def build_job(values: dict[str, Any], advanced_yaml: str = "") -> dict:
     return {"name": form.get("name", "job"), "config": deep_merge(extra, config)}
 
 
-def _owners(path: str) -> list[str]:
-    """The form fields an error at `path` belongs to: the field at the path or holding it (a source only at its own
-    path: its pickers take what is inside), else every field inside that section (not the root `config`)."""
-    owners = [
-        key
+# An error at a section with no field of its own goes under the one field that stands for it; `reward` is the
+# try-reward endpoint's name for the reward itself (its chosen picker: field_errors with the form's values).
+SECTION_FIELDS = {"config.model": "policy", "config.data": "train_dataset", "config.algorithm": "algorithm"}
+REWARD_ERROR = "reward"
+
+
+def error_field(path: str, values: dict[str, Any] | None = None) -> str | None:
+    """The one form field an error at `path` shows under: the field at the path (a source only at its own path), else
+    the deepest field holding it (`config.reward.function_args.tolerance`: the arguments box), else the field that
+    stands for its section; None for anything else (a field not on the form: the message lists it)."""
+    holders = [
+        (len(field_path), key)
         for key, (field_path, _label, kind) in FORM_FIELDS.items()
         if path == field_path or (kind != "source" and path.startswith(field_path + "."))
     ]
-    if owners or path == "config":
-        return owners
-    return [key for key, (field_path, _label, _kind) in FORM_FIELDS.items() if field_path.startswith(path + ".")]
+    if holders:
+        return max(holders)[1]
+    if path == REWARD_ERROR:
+        source = (values or {}).get("reward_source") or DEFAULTS["reward_source"]
+        return SOURCES["reward_source"].get(source, "reward_source")
+    return SECTION_FIELDS.get(path)
 
 
-def field_errors(errors: dict[str, list[str]]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """A 422's `errors` -> (reasons by form field, reasons for the rest by dotted path).
-
-    An error belongs to the field at its path, or to the field holding it (`config.reward.function_args.tolerance`:
-    the arguments box), or, for a section without a field of its own, to every field in it (`config.trainer`).
-    """
+def field_errors(
+    errors: dict[str, list[str]], values: dict[str, Any] | None = None
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """A 422's `errors` -> (reasons by form field, reasons for the rest by dotted path): each error under exactly one
+    field (error_field), or in the rest."""
     by_field: dict[str, list[str]] = {}
     other: dict[str, list[str]] = {}
-    for path, reasons in errors.items():
+    for path, reasons in (errors or {}).items():
         reasons = reasons if isinstance(reasons, list) else [str(reasons)]
-        owners = _owners(path)
-        for key in owners:
-            by_field.setdefault(key, []).extend(reasons)
-        if not owners:
+        key = error_field(path, values)
+        if key is None:
             other.setdefault(path, []).extend(reasons)
+        else:
+            by_field.setdefault(key, []).extend(reasons)
     return by_field, other
+
+
+def per_field_errors(errors: dict[str, list[str]], values: dict[str, Any] | None = None) -> list[str]:
+    """Each form field's error line (FORM_FIELDS order; "" for none), as shown under the field."""
+    by_field, _other = field_errors(errors, values)
+    return ["⚠ " + "; ".join(by_field[key]) if key in by_field else "" for key in FORM_FIELDS]
 
 
 def errors_markdown(errors: dict[str, list[str]]) -> str:
     """Every error listed with its field: `- **Learning rate** (config.optim.lr): reason`."""
-    labels = {path: label for path, label, _kind in FORM_FIELDS.values()}
+    labels = {path: label for path, label, _kind in FORM_FIELDS.values()} | {REWARD_ERROR: "Reward"}
     lines = []
-    for path, reasons in errors.items():
+    for path, reasons in (errors or {}).items():
         label = labels.get(path)
         where = f"**{label}** (`{path}`)" if label else f"`{path}`"
         lines += [f"- {where}: {reason}" for reason in (reasons if isinstance(reasons, list) else [reasons])]
@@ -290,6 +306,7 @@ def _preset(config: dict, name: str) -> dict[str, Any]:
         if leaf and isinstance(rest.get(section), dict) and kind != "source":
             rest[section].pop(leaf, None)
     rest = {key: value for key, value in rest.items() if value != {} and key != "algorithm"}
+    rest = sections_that_apply(rest, form.get("algorithm", "reinforce"))
     return {"form": form, "yaml": yaml.safe_dump(rest, sort_keys=False) if rest else ""}
 
 
@@ -297,7 +314,9 @@ def presets(data_dir: Path | None) -> dict[str, dict[str, Any]]:
     """Name -> {"form": values, "yaml": advanced YAML}. With the demo's configs in DATA_DIR/demo_assets, the demo's
     runs naming the entries `aligner up --demo` puts in the catalogue: REINFORCE scored by the demo reward function,
     or by the demo reward model behind the stack's reward server, and PPO."""
-    found: dict[str, dict[str, Any]] = {"defaults": {"form": dict(DEFAULTS), "yaml": ""}}
+    found: dict[str, dict[str, Any]] = {
+        "defaults": {"form": dict(DEFAULTS), "yaml": advanced_yaml(DEFAULTS.get("algorithm", "reinforce"))}
+    }
     demo = data_dir / "demo_assets" if data_dir else None
     if demo is None:
         return found
@@ -313,3 +332,185 @@ def presets(data_dir: Path | None) -> dict[str, dict[str, Any]]:
         if isinstance(config, dict):
             found[preset_name] = _preset(demo_job_config(config, reward), f"demo: {preset_name.removeprefix('demo ')}")
     return found
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The advanced box: a short commented YAML of the knobs people change, for the sections that apply.
+
+PPO_SECTIONS = ("ppo", "critic")  # a REINFORCE job has no use for these
+ADVANCED_HEADER = (
+    "# Advanced settings, merged under the fields above: this YAML is sent as shown.\n"
+    "# The knobs people change most, at aligner's defaults; any other config key may be added.\n"
+)
+# section -> [(leaf, example, why)]: the example and why serve where aligner.config has no such field yet (a
+# commented line then); otherwise its default and description are shown.
+ADVANCED_KNOBS: dict[str, list[tuple[str, Any, str]]] = {
+    "generation": [("top_p", 1.0, "nucleus sampling mass")],
+    "optim": [("warmup_steps", 10, "linear warmup steps")],
+    "reinforce": [("kl_estimator", "abs", "abs | k1 | k3"), ("baseline", "rloo", "rloo | none")],
+    "ppo": [("ratio_eps", 0.2, "clip of the ratio"), ("entropy_bonus", 0.0, "entropy weight")],
+    "health": [("pause_on", ["nonfinite", "kl_growth"], "pause the job when one of these alarms fires")],
+    "logging": [("tensorboard", True, "also write TensorBoard event files")],
+}
+ADVANCED_EXAMPLE = (
+    "# validation:\n"
+    "#   extra_rewards:  # gold rewards, logged at each validation as val/extra_rewards/<name>\n"
+    "#     rule: {function: exact_match}\n"
+)
+
+
+def _knob_line(section: str, leaf: str, example: Any, why: str) -> tuple[str, bool]:
+    """(`  leaf: value  # why`, whether aligner.config knows the field): its default and description when it does."""
+    try:
+        field = config_field(f"config.{section}.{leaf}")
+    except (KeyError, StopIteration):
+        value, known = example, False
+    else:
+        value, known = config_default(f"config.{section}.{leaf}"), True
+        why = (field.description or why).rstrip(".")
+    dumped = yaml.safe_dump(value, default_flow_style=True, width=1000).removesuffix("...\n").strip()
+    return f"  {leaf}: {dumped}  # {why}", known
+
+
+def advanced_yaml(algorithm: str) -> str:
+    """The advanced box's YAML for a new job of `algorithm`: the few knobs people change (PPO's only for PPO), each at
+    its default with what it does; knobs this aligner does not have yet are commented out."""
+    parts = [ADVANCED_HEADER]
+    for section, knobs in ADVANCED_KNOBS.items():
+        if section in PPO_SECTIONS and algorithm != "ppo":
+            continue
+        if section == "reinforce" and algorithm == "ppo":
+            continue
+        lines = [_knob_line(section, *knob) for knob in knobs]
+        if all(known for _line, known in lines):
+            parts.append(f"{section}:\n" + "".join(f"{line}\n" for line, _known in lines))
+        else:
+            parts.append(f"# {section}:\n" + "".join(f"# {line}\n" for line, _known in lines))
+    parts.append(ADVANCED_EXAMPLE)
+    return "".join(parts)
+
+
+def sections_that_apply(config: dict, algorithm: str) -> dict:
+    """`config` less the sections its algorithm does not use (PPO's for a REINFORCE job)."""
+    if algorithm == "ppo":
+        return config
+    return {key: value for key, value in config.items() if key not in PPO_SECTIONS}
+
+
+def advanced_for(algorithm: str, current: str) -> str:
+    """The advanced box after the algorithm changed: the new algorithm's template when the box still holds a template
+    (or nothing), else the user's YAML less the sections that no longer apply (unchanged when none)."""
+    if not (current or "").strip() or current in (advanced_yaml("reinforce"), advanced_yaml("ppo")):
+        return advanced_yaml(algorithm)
+    try:
+        parsed = yaml.safe_load(current)
+    except yaml.YAMLError:
+        return current  # the submit says what is wrong with it
+    if not isinstance(parsed, dict):
+        return current
+    kept = sections_that_apply(parsed, algorithm)
+    if kept == parsed:
+        return current
+    return yaml.safe_dump(kept, sort_keys=False) if kept else ""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Try the reward (POST /rewards/try) and the dry run (POST /jobs?dry_run=true): request bodies and what is shown.
+
+TRY_PROMPTS = (1, 8, 4)  # (min, max, default) of the try's prompts, as the API takes them
+TRY_SAMPLES = (2, 8, 4)
+TRY_GROUP_COLUMNS = ["group", "prompt", "mean", "spread (std)", "n", "note"]
+TRY_SAMPLE_COLUMNS = ["group", "prompt", "response", "reward", "length"]
+
+
+def try_body(values: dict[str, Any], advanced_yaml_text: str, num_prompts: Any, num_samples: Any) -> dict:
+    """The POST /rewards/try body: the config the form would submit, and how many prompts and samples each."""
+
+    def clamp(value: Any, bounds: tuple[int, int, int]) -> int:
+        low, high, default = bounds
+        try:
+            return min(high, max(low, int(value)))
+        except (TypeError, ValueError):
+            return default
+
+    return {
+        "config": build_job(values, advanced_yaml_text)["config"],
+        "num_prompts": clamp(num_prompts, TRY_PROMPTS),
+        "num_samples": clamp(num_samples, TRY_SAMPLES),
+    }
+
+
+def _number(value: Any, decimals: int = 3) -> float | None:
+    try:
+        return None if value is None else round(float(value), decimals)
+    except (TypeError, ValueError):
+        return None
+
+
+def try_tables(result: dict) -> tuple[Any, Any]:
+    """A try's result -> (groups: one row per prompt with its mean, spread and a zero-spread mark; samples: prompt |
+    response | reward | length, a prompt's samples together, the prompt on the first of them)."""
+    import pandas as pd
+
+    from webapp.ui.samples import ZERO_SPREAD, clean_text, cut
+
+    samples = sorted(result.get("samples") or [], key=lambda s: s.get("group", 0))  # stable: the order of each group
+    counts: dict[Any, int] = {}
+    for sample in samples:
+        counts[sample.get("group")] = counts.get(sample.get("group"), 0) + 1
+    groups = [
+        [g.get("group"), cut(clean_text(g.get("prompt")), 160), _number(g.get("mean")), _number(g.get("std")),
+         counts.get(g.get("group"), 0), ZERO_SPREAD if g.get("zero_spread") else ""]
+        for g in result.get("groups") or []
+    ]  # fmt: skip
+    rows, seen = [], set()
+    for sample in samples:
+        group = sample.get("group")
+        prompt = "" if group in seen else cut(clean_text(sample.get("prompt")), 160)
+        seen.add(group)
+        rows.append([group, prompt, cut(clean_text(sample.get("response")), 400), _number(sample.get("reward")),
+                     sample.get("length")])  # fmt: skip
+    return pd.DataFrame(groups, columns=TRY_GROUP_COLUMNS), pd.DataFrame(rows, columns=TRY_SAMPLE_COLUMNS)
+
+
+def try_summary(result: dict) -> str:
+    """A try's numbers in one line (samples, time, reward-length correlation, zero-spread share), then its warnings."""
+    samples, groups = result.get("samples") or [], result.get("groups") or []
+    zero = sum(1 for g in groups if g.get("zero_spread"))
+    corr, frac = _number(result.get("reward_length_corr"), 2), result.get("frac_zero_std_groups")
+    share = f"{float(frac):.0%}" if isinstance(frac, int | float) else "?"
+    seconds = result.get("seconds")
+    took = f"{float(seconds):.1f} s" if isinstance(seconds, int | float) else "?"
+    line = (
+        f"**{len(samples)} samples** of {len(groups)} prompts in {took} · reward-length correlation "
+        f"**{'n/a' if corr is None else corr}** · zero-spread groups **{share}** ({zero} of {len(groups)})"
+    )
+    warnings = [f"- ⚠ {w}" for w in result.get("warnings") or []]
+    said = any("zero spread" in w for w in result.get("warnings") or [])
+    if zero and zero == len(groups) and not said:
+        line += "\n\n**Every group has zero spread: RLOO gets no learning signal from this reward.**"
+    return "\n".join([line, "", *warnings]).strip()
+
+
+def dry_run_markdown(result: dict) -> str:
+    """A dry run's checks, one line each (`✓ policy: message (0.01 s)`), and the estimated step time."""
+    verdict = "ready to submit" if result.get("ok") else "not ready"
+    lines = [f"**Dry run: {verdict}**", ""]
+    for check in result.get("checks") or []:
+        mark = "✓" if check.get("ok") else "✗"
+        seconds = check.get("seconds")
+        took = f" ({float(seconds):.2f} s)" if isinstance(seconds, int | float) else ""
+        lines.append(f"- {mark} **{check.get('name')}**: {check.get('message', '')}{took}")
+    step_s = result.get("estimated_step_s")
+    if isinstance(step_s, int | float):
+        lines += ["", f"Estimated step time: **{float(step_s):.1f} s** (an estimate from a short try)"]
+    return "\n".join(lines)
+
+
+def refusal_markdown(what: str, status: int, message: str, errors: dict[str, list[str]] | None) -> str:
+    """An API refusal as shown on the form: `**Not submitted** (422): message`, then each field's reasons (those that
+    only repeat the message left out)."""
+    listed = errors_markdown({path: [r for r in (reasons if isinstance(reasons, list) else [reasons]) if r != message]
+                              for path, reasons in (errors or {}).items()})  # fmt: skip
+    head = f"**{what}** ({status}): {message}" if status else f"**{what}**: {message}"
+    return f"{head}\n\n{listed}" if listed else head

@@ -54,7 +54,6 @@ COMPARE_METRICS = [
     "train_optim/entropy",
 ]
 JOB_COLUMNS = ["id", "name", "algorithm", "status", "step", "latest reward", "age"]
-SAMPLE_COLUMNS = ["step", "split", "index", "prompt", "response", "reward", "kl", "advantage", "is_end"]
 EVENT_KINDS_SHOWN = ("status", "checkpoint", "log")  # metrics and samples events are what the charts show
 
 
@@ -139,28 +138,6 @@ def compare_frame(bodies: dict[str, dict], metric: str) -> pd.DataFrame:
         frame["series"] = label
         frames.append(frame)
     return pd.concat(frames, ignore_index=True) if frames else series_frame()
-
-
-def samples_frame(page: dict) -> pd.DataFrame:
-    """GET /jobs/{id}/samples -> one row per generation."""
-    return pd.DataFrame(
-        [[item.get(c) for c in SAMPLE_COLUMNS] for item in page.get("items", [])], columns=SAMPLE_COLUMNS
-    )
-
-
-def validation_prompts(items: list[dict]) -> list[str]:
-    """The distinct prompts of validation samples, in order of first appearance."""
-    return list(dict.fromkeys(i["prompt"] for i in items if i.get("split") == "validation"))
-
-
-def prompt_history(items: list[dict], prompt: str | None) -> pd.DataFrame:
-    """How the answer to one validation prompt changed: one row per step (step, response, reward, KL)."""
-    rows = sorted(
-        ([i["step"], i["response"], i["reward"], i.get("kl")] for i in items
-         if i.get("split") == "validation" and i["prompt"] == prompt),
-        key=lambda r: r[0],
-    )  # fmt: skip
-    return pd.DataFrame(rows, columns=["step", "response", "reward", "kl"])
 
 
 def checkpoints_frame(body: dict) -> pd.DataFrame:

@@ -14,20 +14,9 @@ from typing import Any
 
 import gradio as gr
 import pandas as pd
-import yaml
 
 from webapp.ui import catalogue
 from webapp.ui.api import REJECTED, Api, ApiError
-from webapp.ui.form import (
-    CHOICES,
-    FORM_FIELDS,
-    SOURCE_CHOICES,
-    FormError,
-    build_job,
-    errors_markdown,
-    field_errors,
-    visible_fields,
-)
 from webapp.ui.frames import (
     CHARTS,
     COMPARE_METRICS,
@@ -42,31 +31,12 @@ from webapp.ui.frames import (
     job_summary,
     jobs_frame,
     plot_value,
-    prompt_history,
-    samples_frame,
     timers_frame,
-    validation_prompts,
 )
 
 REFRESH_S = 2.0
 EMPTY_PLOT = None  # an empty frame as a plot's first value keeps its later data from drawing (Gradio 6.31)
 SIGNED_OUT = f"Signed out ({REJECTED})."
-# The New job form's rows; a field that does not apply (visible_fields) is hidden.
-FORM_ROWS = [
-    ["name", "algorithm"],
-    ["policy", "tokenizer"],
-    ["train_dataset", "val_dataset"],
-    ["reward_source", "reward_function", "reward_model", "reward_server"],
-    ["function_args"],
-    ["critic_source", "critic_model", "critic_server"],
-    ["num_prompts_per_step", "num_rollouts_per_prompt", "kl_penalty", "lr"],
-    ["max_steps", "max_new_tokens", "temperature"],
-    ["val_check_interval", "save_interval"],
-]
-PICKERS = [key for key, (_path, _label, kind) in FORM_FIELDS.items() if kind in ("catalogue", "dataset")]
-# The fields whose visibility depends on others (the sources, the algorithm).
-TOGGLED = ["reward_function", "reward_model", "reward_server", "function_args", "critic_source", "critic_model",
-           "critic_server"]  # fmt: skip
 
 
 @dataclass
@@ -234,144 +204,6 @@ def jobs_tab(session: Session) -> gr.Dataframe:
     return jobs_table
 
 
-def _form_input(key: str, value: Any):
-    _path, label, kind = FORM_FIELDS[key]
-    elem_id = f"f-{key}"
-    if kind == "choice":
-        return gr.Dropdown(CHOICES[key], label=label, value=value, elem_id=elem_id)
-    if kind == "source":
-        return gr.Radio(SOURCE_CHOICES[key], label=label, value=value, elem_id=elem_id)
-    if kind in ("catalogue", "dataset"):
-        # Filled from the API at sign-in; a name typed in is sent as it is (the API says whether it exists).
-        return gr.Dropdown([], label=label, value=None, allow_custom_value=True, elem_id=elem_id)
-    if kind == "json":
-        return gr.Textbox(label=label, value=value or "", placeholder='{"tolerance": 0.01}', elem_id=elem_id)
-    if kind == "text":
-        return gr.Textbox(label=label, value=value if value is not None else "", elem_id=elem_id)
-    return gr.Number(label=label, value=value, precision=0 if kind == "int" else None, elem_id=elem_id)
-
-
-def form_lists(session: Session, token: str, picked: dict[str, Any]) -> list:
-    """[lists (the choices), lists message, each picker's update (PICKERS order), function help, token, sign-in
-    line]: the drop-downs filled from the catalogue, each keeping its value when still offered (a dataset named
-    by a preset becomes its id), else taking the first choice."""
-    if not token:
-        cleared = [gr.update(choices=[], value=None) for _ in PICKERS]
-        return [{}, "Sign in to fill the lists from the catalogue.", *cleared, "", *session.unchanged()]
-    try:
-        lists = catalogue.form_choices(session.api(token))
-    except ApiError as err:
-        message = f"The lists could not be loaded: {err.message}"
-        dropped = session.signed_out() if err.rejected else session.unchanged()
-        return [gr.update(), message, *[gr.update() for _ in PICKERS], gr.update(), *dropped]
-    updates = []
-    for key in PICKERS:
-        choices = lists.get(key, [])
-        value = catalogue.pick(choices, picked.get(key))
-        if value in (None, "") and choices:
-            value = choices[0][1]
-        updates.append(gr.update(choices=choices, value=value))
-        picked[key] = value
-    help_text = catalogue.function_help(lists["functions"], picked.get("reward_function"))
-    return [lists, catalogue.choices_summary(lists), *updates, help_text, *session.unchanged()]
-
-
-def submit_job(session: Session, token: str, advanced_yaml: str, values: dict[str, Any]) -> list:
-    """[message, new job id, each field's error (FORM_FIELDS order), token, sign-in line]: the form's job POSTed."""
-    clear = [""] * len(FORM_FIELDS)
-    try:
-        body = build_job(values, advanced_yaml)
-    except FormError as err:
-        per_field = [f"⚠ {err}" if key == err.field else "" for key in FORM_FIELDS]
-        label = FORM_FIELDS[err.field][1]
-        return [f"**Not submitted**: {label}: {err}", gr.update(), *per_field, *session.unchanged()]
-    except (ValueError, yaml.YAMLError) as err:
-        return [f"**Not submitted**: {err}", gr.update(), *clear, *session.unchanged()]
-    try:
-        job = session.api(token).post("/jobs", body)
-    except ApiError as err:
-        if err.rejected:
-            dropped = session.signed_out() if token else session.unchanged()
-            return [f"**Not submitted**: {err.message if not token else REJECTED}", gr.update(), *clear, *dropped]
-        by_field, _other = field_errors(err.errors)
-        per_field = ["⚠ " + "; ".join(by_field[k]) if k in by_field else "" for k in FORM_FIELDS]
-        listed = errors_markdown(err.errors)
-        message = f"**Not submitted** ({err.status}): {err.message}\n\n{listed}"
-        return [message, gr.update(), *per_field, *session.unchanged()]
-    return [f"Submitted **job {job['id']}** ({job['status']}).", job["id"], *clear, *session.unchanged()]
-
-
-def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None:
-    """The form (a preset fills it; its drop-downs list the catalogue and your datasets, filled at sign-in and by
-    Refresh lists), the advanced YAML under it, and Submit: a 422 shows under the fields it concerns; the new job
-    becomes the selected one."""
-    with gr.Tab("New job", id="new") as tab:
-        with gr.Row():
-            preset = gr.Dropdown(list(preset_map), value="defaults", label="Preset", elem_id="preset", scale=4)
-            refresh = gr.Button("Refresh lists", elem_id="refresh-lists", scale=1)
-        lists_msg = gr.Markdown("Sign in to fill the lists from the catalogue.", elem_id="lists-msg")
-        lists = gr.State({})
-        inputs: dict[str, Any] = {}
-        errs: dict[str, Any] = {}
-        columns: dict[str, Any] = {}
-        defaults = preset_map["defaults"]["form"]
-        shown = visible_fields(defaults)
-        for row in FORM_ROWS:
-            with gr.Row():
-                for key in row:
-                    with gr.Column(visible=shown[key]) as columns[key]:
-                        inputs[key] = _form_input(key, defaults.get(key))
-                        errs[key] = gr.Markdown(elem_id=f"err-{key}", elem_classes="field-error")
-                        if key == "function_args":
-                            function_help = gr.Markdown(elem_id="function-help")
-        advanced = gr.Code(
-            label="Advanced config (YAML, merged under the fields above)",
-            language="yaml",
-            value="",
-            elem_id="advanced",
-        )
-        submit = gr.Button("Submit job", variant="primary", elem_id="submit")
-        submit_msg = gr.Markdown(elem_id="submit-msg")
-
-    def refresh_lists(token: str, *picked):
-        return form_lists(session, token, dict(zip(PICKERS, picked, strict=True)))
-
-    def do_submit(token: str, advanced_yaml: str, *values):
-        return submit_job(session, token, advanced_yaml, dict(zip(inputs, values, strict=True)))
-
-    def apply_preset(name: str, choices: dict, *picked):
-        """The preset's values; a drop-down it names nothing in keeps its pick (the defaults name no entries)."""
-        chosen = preset_map.get(name, preset_map["defaults"])
-        current = dict(zip(PICKERS, picked, strict=True))
-        values = []
-        for key in inputs:
-            kind = FORM_FIELDS[key][2]
-            value = chosen["form"].get(key, "" if kind in ("text", "json") else None)
-            if key in PICKERS:
-                value = current[key] if value in (None, "") else catalogue.pick(choices.get(key, []), value)
-            values.append(value)
-        return [*values, chosen["yaml"]]
-
-    def toggle(*values):
-        shown = visible_fields(dict(zip(inputs, values, strict=True)))
-        return [gr.update(visible=shown[key]) for key in TOGGLED]
-
-    def describe_function(choices: dict, name: str | None):
-        return catalogue.function_help(choices.get("functions", {}), name)
-
-    session.follow_tab(tab, "new")
-    pickers = [inputs[key] for key in PICKERS]
-    list_outputs = [lists, lists_msg, *pickers, function_help, *session.auth_outputs]
-    for trigger in (refresh.click, session.token.change):
-        trigger(refresh_lists, [session.token, *pickers], list_outputs)
-    preset.change(apply_preset, [preset, lists, *pickers], [*inputs.values(), advanced])
-    for key in ("algorithm", "reward_source", "critic_source"):
-        inputs[key].change(toggle, list(inputs.values()), [columns[key] for key in TOGGLED])
-    inputs["reward_function"].change(describe_function, [lists, inputs["reward_function"]], [function_help])
-    submit_outputs = [submit_msg, session.job_id, *[errs[key] for key in FORM_FIELDS], *session.auth_outputs]
-    submit.click(do_submit, [session.token, advanced, *inputs.values()], submit_outputs)
-
-
 def _line_plot(title: str, y_title: str, elem_id: str, names: list[str], visible: bool = True) -> gr.LinePlot:
     return gr.LinePlot(
         EMPTY_PLOT,
@@ -432,75 +264,6 @@ def job_page_tab(session: Session) -> None:
     session.every_tick(refresh_job_page, [session.token, session.job_id], page_outputs, tab="job")
     session.follow_tab(tab, "job", refresh_job_page, [session.token, session.job_id], page_outputs)
     session.job_id.change(refresh_job_page, [session.token, session.job_id], page_outputs, show_progress="hidden")
-
-
-def samples_tab(session: Session) -> None:
-    """The selected job's generations filtered by step, split and reward, a page at a time; one validation prompt
-    followed across steps."""
-    with gr.Tab("Samples", id="samples") as tab:
-        with gr.Row():
-            s_step = gr.Textbox(label="Step (empty: all)", elem_id="s-step")
-            s_split = gr.Radio(["all", "train", "validation"], value="all", label="Split", elem_id="s-split")
-            s_min = gr.Number(label="Min reward", elem_id="s-min")
-            s_max = gr.Number(label="Max reward", elem_id="s-max")
-            s_page = gr.Number(label="Page", value=1, precision=0, minimum=1, elem_id="s-page")
-        samples_info = gr.Markdown(elem_id="samples-info")
-        samples_table = gr.Dataframe(value=samples_frame({}), interactive=False, wrap=True, elem_id="samples-table")
-        gr.Markdown("**Follow one validation prompt across steps**")
-        follow = gr.Dropdown([], label="Validation prompt", elem_id="follow-prompt")
-        follow_table = gr.Dataframe(
-            value=prompt_history([], None), interactive=False, wrap=True, elem_id="follow-table"
-        )
-
-    def refresh_samples(token: str, selected, step, split, min_reward, max_reward, page):
-        jid = job_id_of(selected)
-        if not token or jid is None:
-            return gr.update(), gr.update()
-        params: dict[str, Any] = {"per_page": 50, "page": job_id_of(page) or 1}
-        if str(step or "").strip().isdigit():
-            params["step"] = int(step)
-        if split in ("train", "validation"):
-            params["split"] = split
-        if min_reward is not None:
-            params["min_reward"] = min_reward
-        if max_reward is not None:
-            params["max_reward"] = max_reward
-        try:
-            result = session.api(token).get(f"/jobs/{jid}/samples", **params)
-        except ApiError as err:
-            return f"Samples of job {jid}: {err.message} {err.errors or ''}", gr.update()
-        shown = len(result["items"])
-        return f"Job {jid}: {result['total']} samples match; page {result['page']} shows {shown}.", samples_frame(
-            result
-        )
-
-    def refresh_follow(token: str, selected, prompt: str | None):
-        jid = job_id_of(selected)
-        if not token or jid is None:
-            return gr.update(), gr.update()
-        items: list[dict] = []
-        try:
-            for page in range(1, 21):  # validation samples: a few per validation prompt and check
-                result = session.api(token).get(f"/jobs/{jid}/samples", split="validation", per_page=100, page=page)
-                items += result["items"]
-                if len(items) >= result["total"]:
-                    break
-        except ApiError:
-            return gr.update(), gr.update()
-        choices = validation_prompts(items)
-        prompt = prompt if prompt in choices else (choices[0] if choices else None)
-        return gr.update(choices=choices, value=prompt), prompt_history(items, prompt)
-
-    sample_inputs = [session.token, session.job_id, s_step, s_split, s_min, s_max, s_page]
-    session.every_tick(refresh_samples, sample_inputs, [samples_info, samples_table], tab="samples")
-    session.follow_tab(tab, "samples", refresh_samples, sample_inputs, [samples_info, samples_table])
-    for trigger in (session.job_id.change, s_step.submit, s_split.change, s_page.change):
-        trigger(refresh_samples, sample_inputs, [samples_info, samples_table], show_progress="hidden")
-    follow_inputs = [session.token, session.job_id, follow]
-    session.every_tick(refresh_follow, follow_inputs, [follow, follow_table], tab="samples")
-    tab.select(refresh_follow, follow_inputs, [follow, follow_table], show_progress="hidden")
-    for trigger in (session.job_id.change, follow.change):
-        trigger(refresh_follow, follow_inputs, [follow, follow_table], show_progress="hidden")
 
 
 def compare_tab(session: Session) -> None:

@@ -12,7 +12,10 @@ from aligner.run_layout import (
     CHECKPOINT_DIR,
     EVENTS_FILE,
     MANIFEST_FILE,
+    MLFLOW_DB_FILE,
+    MLFLOW_RUN_ID_FILE,
     STATE_FILE,
+    TENSORBOARD_DIR,
     checkpoint_problem,
     list_checkpoints,
 )
@@ -22,6 +25,7 @@ from aligner.trainers.schedule import lr_multiplier
 from tests.helpers.checkpoints import tear
 from tests.helpers.learning import assert_reward_rises
 from tests.helpers.rewards import letter_reward, varied_reward
+from tests.helpers.tracking import mlflow_client, mlflow_history, tensorboard_scalars
 from tests.helpers.training import train
 
 NEMO_METRICS = [
@@ -50,7 +54,8 @@ def test_two_steps_resume_two_steps_equals_four_steps(run_config, capsys):
     """... and the resume goes past damaged newer checkpoints: step 3 torn (its manifest tells), step 4 from an older
     version (no manifest) whose state cannot be loaded. Both are set aside with a warning; step 2 is taken."""
     straight = train(run_config("straight"))
-    interrupted = run_config("resumed")
+    # With TensorBoard and MLflow on: both follow the resume (tests/aligner/trainers/test_run_log.py has the details).
+    interrupted = run_config("resumed", logging={"tensorboard": True, "mlflow": True})
     first = train(interrupted, until_step=2)
     assert first.step == 2 and not first.final_policy_dir.exists()
     two = first.run_dir / CHECKPOINT_DIR / "step_000002"
@@ -90,6 +95,15 @@ def test_two_steps_resume_two_steps_equals_four_steps(run_config, capsys):
         read_jsonl(resumed.run_dir / "samples.jsonl"),
     )
     assert samples_a == samples_b
+    rewards = [(r["step"], pytest.approx(r["train_rollouts/rewards"], abs=1e-6)) for r in rows_b if r["step"]]
+    shown, _ = tensorboard_scalars(resumed.run_dir, "train_rollouts/rewards")
+    assert shown == rewards
+    client = mlflow_client(resumed.run_dir)
+    run_id = (resumed.run_dir / MLFLOW_RUN_ID_FILE).read_text().strip()
+    assert mlflow_history(client, run_id, "train_rollouts/rewards") == rewards  # one run, through the resume
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params["reinforce.baseline"] == "none"
+    assert not (straight.run_dir / TENSORBOARD_DIR).exists() and not (straight.run_dir / MLFLOW_DB_FILE).exists()
 
 
 def test_metrics_samples_checkpoints_and_final_policy(run_config):

@@ -1,0 +1,208 @@
+"""The New job form's pieces without a browser (webapp/ui/form.py, webapp/ui/new_job.py): one field per API error,
+cleared when the field changes, the advanced YAML of the sections that apply, "Try the reward" and the dry run on
+hand-made API JSON, refusals and uploads through a stand-in API."""
+
+from __future__ import annotations
+
+import yaml
+
+from aligner.config import TrainConfig
+from webapp import ui
+from webapp.ui import form, new_job
+from webapp.ui.api import ApiError
+from webapp.ui.tabs import Session
+
+VALUES = {**form.DEFAULTS, "name": "t", "policy": "tiny-sft", "train_dataset": 1, "val_dataset": 1,
+          "reward_source": "function", "reward_function": "demo"}  # fmt: skip
+TRY_RESULT = {
+    "samples": [
+        {"group": 1, "prompt": "<|user|>\nthe sea\n<|assistant|>\n", "response": "blue<|eos|>", "reward": 0.5,
+         "length": 2},
+        {"group": 0, "prompt": "<|user|>\nthe cat\n<|assistant|>\n", "response": "a cat", "reward": 0.12345,
+         "length": 3},
+        {"group": 1, "prompt": "<|user|>\nthe sea\n<|assistant|>\n", "response": "wet", "reward": 0.5, "length": 1},
+        {"group": 0, "prompt": "<|user|>\nthe cat\n<|assistant|>\n", "response": "nice", "reward": 1.0, "length": 1},
+    ],
+    "groups": [
+        {"group": 0, "prompt": "<|user|>\nthe cat\n<|assistant|>\n", "mean": 0.561725, "std": 0.438275,
+         "zero_spread": False},
+        {"group": 1, "prompt": "<|user|>\nthe sea\n<|assistant|>\n", "mean": 0.5, "std": 0.0, "zero_spread": True},
+    ],
+    "reward_length_corr": -0.7071, "frac_zero_std_groups": 0.5, "seconds": 3.21,
+    "warnings": ["half the groups have zero spread"],
+}  # fmt: skip
+
+
+def test_each_error_shows_under_exactly_one_field():
+    errors = {
+        "config.reward.function": ["reward function 'x' not found in the catalogue"],
+        "config.model.policy": ["catalogue model 'p' at /p is not a model folder: no config.json"],
+        "config.trainer": ["save_interval must divide max_steps"],  # a section without a field of its own
+        "config.model": ["give a policy"],
+        "config.generation.top_p": ["Input should be less than or equal to 1"],  # not on the form
+    }
+    by_field, other = form.field_errors(errors)
+    assert by_field == {
+        "reward_function": errors["config.reward.function"],
+        "policy": errors["config.model.policy"] + errors["config.model"],
+    }
+    assert other == {
+        "config.trainer": errors["config.trainer"],
+        "config.generation.top_p": errors["config.generation.top_p"],
+    }
+    per_field = form.per_field_errors(errors)
+    assert sum(bool(line) for line in per_field) == 2 and len(per_field) == len(form.FORM_FIELDS)
+    # The try's own `reward` error goes under the picker of the chosen source.
+    assert form.error_field("reward", {"reward_source": "server"}) == "reward_server"
+    assert form.error_field("reward") == "reward_function"
+    assert form.per_field_errors({}) == [""] * len(form.FORM_FIELDS)  # the next submit clears every field
+
+
+def test_a_fields_error_is_cleared_when_that_field_changes(tmp_path):
+    app = ui.build_app("http://127.0.0.1:5000", tmp_path)
+    by_id = {block._id: block for block in app.blocks.values()}
+    clears = {}
+    for fn in app.fns.values():
+        for target, event in fn.targets:
+            elem_id = getattr(by_id.get(target), "elem_id", None) or ""
+            outputs = [getattr(out, "elem_id", None) for out in fn.outputs]
+            if event == "change" and elem_id.startswith("f-") and len(outputs) == 1 and outputs[0].startswith("err-"):
+                clears[elem_id.removeprefix("f-")] = (outputs[0].removeprefix("err-"), fn.fn())
+    assert clears == {key: (key, "") for key in form.FORM_FIELDS}
+
+
+def test_the_advanced_yaml_holds_the_sections_that_apply_and_is_sent_as_shown():
+    reinforce, ppo = form.advanced_yaml("reinforce"), form.advanced_yaml("ppo")
+    assert len(reinforce.splitlines()) < 25 and len(ppo.splitlines()) < 25
+    sent = yaml.safe_load(reinforce)
+    assert "ppo" not in sent and "critic" not in sent and sent["reinforce"]["kl_estimator"] == "abs"
+    assert "ppo" in yaml.safe_load(ppo) and "reinforce" not in yaml.safe_load(ppo)
+    assert "extra_rewards" in reinforce and "validation" not in sent  # an example, commented out
+    form_paths = {path for path, _label, _kind in form.FORM_FIELDS.values()}
+    for section, knobs in sent.items():  # aligner's own fields at their defaults, none that the form has
+        for leaf, value in knobs.items():
+            assert f"config.{section}.{leaf}" not in form_paths
+            assert value == form.config_default(f"config.{section}.{leaf}")
+    body = form.build_job({**VALUES, "algorithm": "ppo", "critic_model": "rm"}, ppo)
+    assert body["config"]["ppo"] == yaml.safe_load(ppo)["ppo"]
+    paths = {
+        "model": {"policy_path": "/p"},
+        "data": {"train_file": "t", "val_file": "v"},
+        "reward": {"function": "m:f"},
+    }
+    for template in (reinforce, ppo):  # every knob sent is one of aligner.config's
+        TrainConfig.model_validate({**paths, **yaml.safe_load(template)})
+    # Switching the algorithm: a template becomes the other's; the user's YAML loses only what no longer applies.
+    assert form.advanced_for("ppo", reinforce) == ppo and form.advanced_for("reinforce", "") == reinforce
+    assert yaml.safe_load(form.advanced_for("reinforce", "ppo: {ratio_eps: 0.1}\noptim: {lr: 1}\n")) == {
+        "optim": {"lr": 1}
+    }
+    mine = "# mine\noptim: {warmup_steps: 0}\n"
+    assert form.advanced_for("reinforce", mine) == mine
+
+
+def test_a_tried_reward_shows_its_groups_samples_and_numbers():
+    groups, table = form.try_tables(TRY_RESULT)
+    assert groups.values.tolist() == [
+        [0, "user: the cat", 0.562, 0.438, 2, ""],
+        [1, "user: the sea", 0.5, 0.0, 2, "zero spread: no learning signal"],
+    ]
+    assert table.values.tolist() == [
+        [0, "user: the cat", "a cat", 0.123, 3],
+        [0, "", "nice", 1.0, 1],
+        [1, "user: the sea", "blue", 0.5, 2],
+        [1, "", "wet", 0.5, 1],
+    ]
+    summary = form.try_summary(TRY_RESULT)
+    assert "**4 samples** of 2 prompts in 3.2 s" in summary and "correlation **-0.71**" in summary
+    assert "zero-spread groups **50%** (1 of 2)" in summary and "- ⚠ half the groups have zero spread" in summary
+    assert "Every group" not in summary
+    flat = {**TRY_RESULT, "groups": [{**g, "zero_spread": True} for g in TRY_RESULT["groups"]],
+            "reward_length_corr": None, "frac_zero_std_groups": 1.0, "warnings": []}  # fmt: skip
+    assert "Every group has zero spread" in form.try_summary(flat) and "correlation **n/a**" in form.try_summary(flat)
+    said = form.try_summary({**flat, "warnings": ["every group has zero spread: RLOO gets no learning signal"]})
+    assert "Every group" not in said  # the API's warning says it already
+    body = form.try_body(VALUES, "optim: {warmup_steps: 0}", 12, "3")
+    assert (body["num_prompts"], body["num_samples"]) == (8, 3)  # held to the API's bounds
+    assert body["config"] == form.build_job(VALUES, "optim: {warmup_steps: 0}")["config"]
+
+
+def test_a_dry_run_lists_its_checks_and_the_step_time():
+    boom = "the reward function raised ValueError: boom"
+    result = {"ok": False, "estimated_step_s": 2.345, "config": {}, "checks": [
+        {"name": "policy", "ok": True, "message": "LlamaForCausalLM", "seconds": 0.012},
+        {"name": "reward", "ok": False, "message": boom, "seconds": 1.5}]}  # fmt: skip
+    shown = form.dry_run_markdown(result)
+    assert shown.startswith("**Dry run: not ready**")
+    assert "- ✓ **policy**: LlamaForCausalLM (0.01 s)" in shown
+    assert "- ✗ **reward**: the reward function raised ValueError: boom (1.50 s)" in shown
+    assert "Estimated step time: **2.3 s**" in shown
+    assert "Estimated" not in form.dry_run_markdown({"ok": True, "checks": [], "estimated_step_s": None})
+
+
+class StandIn:
+    """A Session whose API answers with `answer` (a result, or an ApiError raised) and records what was sent."""
+
+    unchanged, signed_out = staticmethod(Session.unchanged), staticmethod(Session.signed_out)
+
+    def __init__(self, answer):
+        self.answer, self.sent = answer, []
+
+    def api(self, token):
+        stand_in = self
+
+        class Api:
+            def post(self, path, body=None, **params):
+                return stand_in.reply(("POST", path, body, params))
+
+            def upload(self, path, file_path, name):
+                return stand_in.reply(("UPLOAD", path, name))
+
+            def get(self, path, **params):
+                return {"items": [], "total": 0}
+
+        return Api()
+
+    def reply(self, request):
+        self.sent.append(request)
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def test_refusals_show_plainly_under_the_field_they_name_and_the_panel():
+    bad_reward = ApiError(422, "the reward failed", {"reward": ["the reward function raised ValueError: boom"]})
+    session = StandIn(bad_reward)
+    message, _groups, _table, *errors, token, line = new_job.try_reward(session, "tok", "", VALUES, 2, 2)
+    assert message == "**The reward could not be tried** (422): the reward failed\n\n- **Reward** (`reward`): " \
+                      "the reward function raised ValueError: boom"  # fmt: skip
+    per_field = dict(zip(form.FORM_FIELDS, errors, strict=True))
+    assert per_field["reward_function"] == "⚠ the reward function raised ValueError: boom"
+    assert sum(bool(e) for e in errors) == 1 and token == line == {"__type__": "update"}
+    assert session.sent == [("POST", "/rewards/try", form.try_body(VALUES, "", 2, 2), {"timeout": new_job.TRY_WAIT_S})]
+
+    not_a_model = ApiError(422, "Validation error", {"config.model.policy": ["'p' at /p is not a model folder"]})
+    message, _job, *errors, _token, _line = new_job.submit_job(StandIn(not_a_model), "tok", "", VALUES)
+    per_field = dict(zip(form.FORM_FIELDS, errors, strict=True))
+    assert per_field["policy"] == "⚠ 'p' at /p is not a model folder" and sum(bool(e) for e in errors) == 1
+    assert message.startswith("**Not submitted** (422): Validation error\n\n- **Policy** (`config.model.policy`)")
+
+    checked = {"ok": True, "checks": [{"name": "policy", "ok": True, "message": "ok", "seconds": 0.1}],
+               "estimated_step_s": 1.0, "config": {}}  # fmt: skip
+    dry = StandIn(checked)
+    message, *errors, _token, _line = new_job.dry_run(dry, "tok", "", VALUES)
+    assert message == form.dry_run_markdown(checked) and not any(errors)
+    assert dry.sent[0][1] == "/jobs" and dry.sent[0][3] == {"timeout": new_job.TRY_WAIT_S, "dry_run": "true"}
+    gone = new_job.dry_run(StandIn(ApiError(401, "Unauthorized")), "tok", "", VALUES)
+    assert gone[-2:] == Session.signed_out()
+
+
+def test_an_uploaded_file_becomes_the_picked_dataset_or_says_why_not(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"prompt": "a"}\n')
+    refused = ApiError(422, "Invalid prompt file mine.jsonl", {"file": ["line 1: no 'prompt' key"]})
+    message, *rest = new_job.upload_dataset(StandIn(refused), "tok", str(path), {})
+    assert message == "**mine.jsonl was not uploaded** (422): Invalid prompt file mine.jsonl\n\n" \
+                      "- `file`: line 1: no 'prompt' key"  # fmt: skip
+    assert all(out == {"__type__": "update"} for out in rest)
+    assert new_job.upload_dataset(StandIn(refused), "", str(path), {})[0] == "Sign in before uploading a dataset."
