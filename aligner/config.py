@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -177,6 +178,35 @@ class RewardConfig(Section):
         if self.function_args and not self.function:
             raise ValueError("function_args are the reward function's: give them only with reward.function")
         return self
+
+
+# An extra reward's name goes into metric names (val/extra_rewards/<name>) and the API's field names.
+EXTRA_REWARD_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
+
+
+class ValidationConfig(Section):
+    """More scoring of the validation samples: gold rewards beside the run's own, e.g. a rule the reward model was
+    trained to imitate, to see a policy that games its reward model (its reward rises while the gold falls)."""
+
+    extra_rewards: dict[str, RewardConfig] = Field(
+        default_factory=dict,
+        description="Name -> a reward like the `reward` section's (function with function_args, model_path or "
+        "server_url). Every validation scores its samples with each: metric val/extra_rewards/<name> (the mean), "
+        "and `extra_rewards: {name: value}` in the validation rows of samples.jsonl. Names are identifiers of at "
+        "most 32 characters (a letter, then letters, digits or _).",
+    )
+
+    @field_validator("extra_rewards", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            for name in value:
+                if not isinstance(name, str) or not EXTRA_REWARD_NAME.fullmatch(name):
+                    raise ValueError(
+                        f"reward name {str(name)[:40]!r} is not a short identifier: a letter, then letters, digits or "
+                        "_, at most 32 characters"
+                    )
+        return value
 
 
 class GenerationConfig(Section):
@@ -471,6 +501,9 @@ class TrainConfig(Section):
     critic: CriticConfig = Field(default_factory=CriticConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    validation: ValidationConfig = Field(
+        default_factory=ValidationConfig, description="Gold rewards the validation samples are also scored by."
+    )
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     health: HealthConfig = Field(
         default_factory=HealthConfig, description="Run health alarms, evaluated by the worker; the trainer ignores it."
@@ -492,7 +525,7 @@ class TrainConfig(Section):
         return self
 
 
-# Fields holding paths, resolved against the config file's folder when relative.
+# Fields holding paths, resolved against the config file's folder when relative; "*" is every entry of a mapping.
 PATH_FIELDS = (
     ("run_dir",),
     ("model", "policy_path"),
@@ -501,6 +534,7 @@ PATH_FIELDS = (
     ("data", "val_file"),
     ("reward", "model_path"),
     ("critic", "model_path"),
+    ("validation", "extra_rewards", "*", "model_path"),
 )
 
 
@@ -558,14 +592,24 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+def _sections_at(node: Any, parts: tuple[str, ...]):
+    """The mappings at the dotted `parts` below `node`; "*" stands for each entry of a mapping."""
+    if not isinstance(node, dict):
+        return
+    if not parts:
+        yield node
+        return
+    children = node.values() if parts[0] == "*" else [node.get(parts[0])]
+    for child in children:
+        yield from _sections_at(child, parts[1:])
+
+
 def _resolve_paths(data: dict, base: Path, path_fields: tuple[tuple[str, ...], ...] = PATH_FIELDS) -> None:
     for path in path_fields:
-        node = data
-        for part in path[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and isinstance(node.get(path[-1]), str):
-            p = Path(node[path[-1]]).expanduser()
-            node[path[-1]] = str(p if p.is_absolute() else (base / p).resolve())
+        for node in _sections_at(data, path[:-1]):
+            if isinstance(node.get(path[-1]), str):
+                p = Path(node[path[-1]]).expanduser()
+                node[path[-1]] = str(p if p.is_absolute() else (base / p).resolve())
 
 
 def config_from_dict(data: dict, base_dir: Path | None = None, schema: type[Section] = None, path_fields=None):

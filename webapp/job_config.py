@@ -8,6 +8,8 @@ Over the API a job names catalogue entries (webapp/catalogue.py), never a path, 
                                        with reward.function_args, the data a built-in is configured by
     reward.model / reward.server       a catalogue reward model / reward server
     critic.model / critic.server       a catalogue reward or critic model / critic server
+    validation.extra_rewards.<name>    a gold reward scoring the validation samples, named as `reward` is: its
+                                       .function (with .function_args), .model or .server
 
 Everything else is `aligner train`'s config (aligner/config.py). `validate_job_config` turns the names into the
 paths and URLs the trainer reads (`JobConfig.train`) and keeps the names, with every default filled in, as the job's
@@ -37,7 +39,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from aligner.config import TrainConfig, config_from_dict
+from aligner.config import EXTRA_REWARD_NAME, TrainConfig, config_from_dict
 from aligner.errors import AlignerError, ConfigError
 from aligner.rewards.builtins import BUILTIN_REWARDS, validate_builtin_params
 from aligner.servers.launch import check_critic_overrides
@@ -62,6 +64,7 @@ JOB_LIMIT_DEFAULTS: dict[str, int] = {
     "trainer.keep_checkpoints": 100,
     "reward.unavailable_timeout_s": 86_400,  # seconds a job waits for a server that went away: a day
     "critic.unavailable_timeout_s": 86_400,
+    "validation.extra_rewards": 4,  # how many; each entry's fields have the limits of `reward`'s
 }
 JOB_LIMITS_ENV = "ALIGNER_JOB_LIMITS"
 DEFAULT_KEEP_CHECKPOINTS = 3
@@ -90,6 +93,8 @@ SERVER_KIND_OF = {"reward.server": REWARD, "critic.server": CRITIC}
 # Fields the server fills in from catalogue entries: a request naming them is refused.
 SERVER_ONLY = tuple(train for api, train, _ in REFERENCES if api != train) + ("reward.model_name",)
 API_NAME_OF = {train: api for api, train, _ in REFERENCES if api != train} | {"reward.model_name": "reward.server"}
+# validation.extra_rewards.<name> is a `reward` section: its fields are named, resolved and limited as reward.*'s.
+EXTRA_REWARDS = "validation.extra_rewards"
 # Fields of aligner's config a job may not set over the API, and why: where a job writes is the server's choice.
 API_REFUSED = {
     "logging.mlflow_tracking_uri": "not accepted: a job's MLflow run is kept in its run folder (mlflow.db)",
@@ -119,6 +124,24 @@ def _api_words(text: str) -> str:
     return text.replace("`aligner train` starts a critic server from", "the worker starts a critic server from")
 
 
+def _as_reward(field: str) -> tuple[str, str] | None:
+    """("validation.extra_rewards.<name>", "reward.<rest>") for a field of an extra reward, else None."""
+    prefix, dot, rest = field.partition(f"{EXTRA_REWARDS}.")
+    name, dot2, inner = rest.partition(".")
+    if prefix or not dot or not dot2:
+        return None
+    return f"{EXTRA_REWARDS}.{name}", f"reward.{inner}"
+
+
+def _api_field(field: str) -> str:
+    """aligner's field in the API's name (reward.model_path -> reward.model; the same within an extra reward)."""
+    as_reward = _as_reward(field)
+    if as_reward is not None:
+        mapped = API_NAME_OF.get(as_reward[1])
+        return f"{as_reward[0]}.{mapped.removeprefix('reward.')}" if mapped else field
+    return API_NAME_OF.get(field, field)
+
+
 def config_errors(err: ConfigError) -> dict[str, list[str]]:
     """`ConfigError` lines (`  optim.lr: reason`) as `{"config.optim.lr": ["reason"]}`, in the API's field names."""
     lines = str(err).splitlines()
@@ -126,7 +149,7 @@ def config_errors(err: ConfigError) -> dict[str, list[str]]:
     if lines and lines[0].strip() == "invalid config:":
         for line in lines[1:]:
             field, _, reason = line.strip().partition(": ")
-            field = API_NAME_OF.get(field, field)
+            field = _api_field(field)
             key = "config" if field in ("", "config") else f"config.{field}"
             errors.setdefault(key, []).append(_short(_api_words(reason)))
     return errors or {"config": [_short(_api_words(str(err)))]}
@@ -160,19 +183,31 @@ def _walk(value: Any, prefix: str):
         yield prefix, value
 
 
+def _extra_rewards_count_error(raw: dict[str, Any], limits: dict[str, int]) -> dict[str, list[str]]:
+    """Too many extra rewards, said before any of them is looked up."""
+    validation = raw.get("validation")
+    extra = validation.get("extra_rewards") if isinstance(validation, dict) else None
+    limit = limits.get(EXTRA_REWARDS, INT64_MAX)
+    if isinstance(extra, dict) and len(extra) > limit:
+        return {f"config.{EXTRA_REWARDS}": [f"at most {limit} extra rewards on this server (got {len(extra)})"]}
+    return {}
+
+
 def limit_errors(config: TrainConfig, limits: dict[str, int]) -> dict[str, list[str]]:
     errors: dict[str, list[str]] = {}
     for field, value in _walk(config.model_dump(), "config"):
         if isinstance(value, bool):
             continue
+        as_reward = _as_reward(field.removeprefix("config."))
+        limited = as_reward[1] if as_reward else field.removeprefix("config.")  # an extra reward's are reward.*'s
         if isinstance(value, float) and not math.isfinite(value):
             errors.setdefault(field, []).append(f"must be a finite number (got {value})")
-        elif isinstance(value, float) and field.removeprefix("config.") in limits:
-            limit = limits[field.removeprefix("config.")]
+        elif isinstance(value, float) and limited in limits:
+            limit = limits[limited]
             if value > limit:
                 errors.setdefault(field, []).append(f"must be at most {limit} on this server (got {value:g})")
         elif isinstance(value, int):
-            limit = limits.get(field.removeprefix("config."), INT64_MAX)
+            limit = limits.get(limited, INT64_MAX)
             if value > limit:
                 errors.setdefault(field, []).append(f"must be at most {limit} on this server (got {value})")
             elif value < -limit:
@@ -182,9 +217,44 @@ def limit_errors(config: TrainConfig, limits: dict[str, int]) -> dict[str, list[
 
 # ------------------------------------------------------------------------------------------------- references
 def _get(data: dict, dotted: str) -> tuple[dict | None, str]:
-    section, name = dotted.split(".")
-    node = data.get(section)
+    """(the mapping holding field `dotted`, or None, and the field's last name)."""
+    *path, name = dotted.split(".")
+    node: Any = data
+    for part in path:
+        node = node.get(part) if isinstance(node, dict) else None
     return (node if isinstance(node, dict) else None), name
+
+
+def _extra_reward_prefixes(data: dict[str, Any]) -> list[str]:
+    """`validation.extra_rewards.<name>` of each extra reward in `data` under a name aligner accepts (the others
+    fail its validation, naming them)."""
+    validation = data.get("validation")
+    extra = validation.get("extra_rewards") if isinstance(validation, dict) else None
+    if not isinstance(extra, dict):
+        return []
+    return [
+        f"{EXTRA_REWARDS}.{name}"
+        for name, entry in extra.items()
+        if isinstance(name, str) and EXTRA_REWARD_NAME.fullmatch(name) and isinstance(entry, dict)
+    ]
+
+
+def _references(data: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(field over the API, aligner's field, what it names, the REFERENCES field it is named like): REFERENCES', then
+    the reward references of each extra reward in `data`."""
+    refs = [(api, train, what, api) for api, train, what in REFERENCES]
+    for prefix in _extra_reward_prefixes(data):
+        for api, train, what in REFERENCES:
+            if api.startswith("reward."):
+                refs.append((prefix + api.removeprefix("reward"), prefix + train.removeprefix("reward"), what, api))
+    return refs
+
+
+def _server_only(data: dict[str, Any]) -> list[str]:
+    """SERVER_ONLY's fields, and their like in each extra reward."""
+    in_reward = [field.removeprefix("reward") for field in SERVER_ONLY if field.startswith("reward.")]
+    extra = [prefix + field for prefix in _extra_reward_prefixes(data) for field in in_reward]
+    return list(SERVER_ONLY) + extra
 
 
 def _not_found(api_field: str, what: str, ref: Any) -> str:
@@ -203,37 +273,37 @@ def _resolve_references(
     data = copy.deepcopy(raw)
     names: dict[str, Any] = {}
     errors: dict[str, list[str]] = {}
-    for field in SERVER_ONLY:
+    for field in _server_only(data):
         section, name = _get(data, field)
         if section is not None and name in section:
             del section[name]
-            errors[f"config.{field}"] = [f"not accepted: name a catalogue entry with {API_NAME_OF[field]}"]
+            errors[f"config.{field}"] = [f"not accepted: name a catalogue entry with {_api_field(field)}"]
     for field, reason in API_REFUSED.items():
         section, name = _get(data, field)
         if section is not None and name in section:
             del section[name]
             errors[f"config.{field}"] = [reason]
-    for api_field, train_field, what in REFERENCES:
+    for api_field, train_field, what, like in _references(data):
         section, name = _get(data, api_field)
         if section is None or name not in section:
             continue
         ref = section.pop(name)
         if ref is None:
             continue
-        train_name = train_field.split(".")[1]
+        train_name = train_field.rsplit(".", 1)[1]
         if what == "dataset":
             found = find_dataset(session, user, ref, data_dir)
             if found is not None:
                 section[train_name], names[api_field] = str(found[1]), found[0].id
         elif what == "model":
-            entry = find_model(session, ref, MODEL_KINDS_OF[api_field])
+            entry = find_model(session, ref, MODEL_KINDS_OF[like])
             if entry is not None:
                 section[train_name], names[api_field] = entry.path, entry.name
         elif what == "server":
-            entry = find_server(session, ref, SERVER_KIND_OF[api_field])
+            entry = find_server(session, ref, SERVER_KIND_OF[like])
             if entry is not None:
                 section[train_name], names[api_field] = entry.url, entry.name
-                if api_field == "reward.server":
+                if like == "reward.server":
                     section["model_name"] = entry.model_name
         else:
             found = reward_target(session, ref)
@@ -245,20 +315,22 @@ def _resolve_references(
 
 
 def _function_args_errors(names: dict[str, Any], data: dict[str, Any]) -> dict[str, list[str]]:
-    """A built-in reward's function_args checked against its parameters (normalised in place)."""
-    name = names.get("reward.function")
-    reward = data.get("reward") if isinstance(data.get("reward"), dict) else None
-    if reward is None or name not in BUILTIN_REWARDS:
-        return {}
-    try:
-        reward["function_args"] = validate_builtin_params(name, reward.get("function_args") or {})
-    except ConfigError as err:  # one `reward.function_args.<field>: reason` line per bad parameter
-        errors: dict[str, list[str]] = {}
-        for line in str(err).splitlines():
-            field, _, reason = line.strip().partition(": ")
-            errors.setdefault(f"config.{field}", []).append(_short(reason))
-        return errors
-    return {}
+    """Each built-in reward's function_args (`reward`'s, the extra rewards') checked against its parameters
+    (normalised in place)."""
+    errors: dict[str, list[str]] = {}
+    for prefix in ["reward", *_extra_reward_prefixes(data)]:
+        name = names.get(f"{prefix}.function")
+        reward, _ = _get(data, f"{prefix}.function")
+        if reward is None or name not in BUILTIN_REWARDS:
+            continue
+        try:
+            reward["function_args"] = validate_builtin_params(name, reward.get("function_args") or {})
+        except ConfigError as err:  # one `reward.function_args.<field>: reason` line per bad parameter
+            for line in str(err).splitlines():
+                field, _, reason = line.strip().partition(": ")
+                field = prefix + field.removeprefix("reward")
+                errors.setdefault(f"config.{field}", []).append(_short(reason))
+    return errors
 
 
 def _critic_override_errors(data: dict[str, Any]) -> dict[str, list[str]]:
@@ -276,19 +348,20 @@ def _critic_override_errors(data: dict[str, Any]) -> dict[str, list[str]]:
 def _stored(train: TrainConfig, names: dict[str, Any]) -> dict[str, Any]:
     """The config the job keeps: aligner's, every default, with catalogue names in place of paths and URLs."""
     stored = train.model_dump(mode="json")
-    for api_field, train_field, _ in REFERENCES:
-        section_name, api_name = api_field.split(".")
-        section = stored.get(section_name)
-        if not isinstance(section, dict):
+    for api_field, train_field, _, _ in _references(stored):
+        section, api_name = _get(stored, api_field)
+        if section is None:
             continue
-        section.pop(train_field.split(".")[1], None)
+        section.pop(train_field.rsplit(".", 1)[1], None)
         section[api_name] = names.get(api_field)
-    if isinstance(stored.get("reward"), dict):
-        stored["reward"].pop("model_name", None)
+    for prefix in ["reward", *_extra_reward_prefixes(stored)]:
+        section, _ = _get(stored, f"{prefix}.model_name")
+        if section is not None:
+            section.pop("model_name", None)
     for field in API_REFUSED:
-        section_name, name = field.split(".")
-        if isinstance(stored.get(section_name), dict):
-            stored[section_name].pop(name, None)
+        section, name = _get(stored, field)
+        if section is not None:
+            section.pop(name, None)
     return stored
 
 
@@ -297,11 +370,12 @@ def confinement_errors(train: TrainConfig, session: Session, dataset_files: list
     owner's dataset files: what the names were turned into is checked once more, as it will be opened."""
     roots = [Path(path) for path in session.scalars(select(CatalogueModel.path))]
     errors: dict[str, list[str]] = {}
-    for api_field, train_field, what in REFERENCES:
+    resolved = train.model_dump()
+    for api_field, train_field, what, _ in _references(resolved):
         if what not in ("model", "dataset"):
             continue
-        section = getattr(train, train_field.split(".")[0], None)
-        value = getattr(section, train_field.split(".")[1], None) if section is not None else None
+        section, name = _get(resolved, train_field)
+        value = section.get(name) if section is not None else None
         if value is None:
             continue
         path = Path(value).resolve()
@@ -325,6 +399,9 @@ def validate_job_config(
     algorithm = raw.get("algorithm", "reinforce")
     if algorithm not in ALGORITHMS:
         return {"config.algorithm": [f"must be one of {', '.join(ALGORITHMS)} (got {_short(repr(algorithm))})"]}
+    errors = _extra_rewards_count_error(raw, job_limits(limits))
+    if errors:
+        return errors
     data, names, errors = _resolve_references(raw, session, user, data_dir)
     errors.update(_function_args_errors(names, data))
     errors.update(_critic_override_errors(data))
@@ -339,6 +416,10 @@ def validate_job_config(
     except ConfigError as err:
         # A name not found is said once: not again as a missing path, nor as its section's "give exactly one of".
         failed_sections = {field.split(".")[1] for field in errors if field.count(".") == 2}
+        for field in errors:  # and an extra reward's, as validation.extra_rewards.<name>
+            as_reward = _as_reward(field.removeprefix("config."))
+            if as_reward is not None and as_reward[1].count(".") == 1:
+                failed_sections.add(as_reward[0])
         for field, reasons in config_errors(err).items():
             if field not in errors and field.removeprefix("config.") not in failed_sections:
                 errors[field] = reasons

@@ -55,7 +55,8 @@ class JobIn(Schema):
             "description": "The training config: `aligner train --config`'s shape (aligner/config.py), naming "
             "catalogue entries instead of paths, URLs or code: model.policy (and model.tokenizer), "
             "data.train_dataset and data.val_dataset (dataset ids or names), reward.function (a built-in such as "
-            "exact_match, with reward.function_args, or a registered function), reward.model or reward.server, and "
+            "exact_match, with reward.function_args, or a registered function), reward.model or reward.server, "
+            "validation.extra_rewards (gold rewards of the validations by name, each named as reward is), and "
             "for `algorithm: ppo` critic.model (the worker starts a critic server) or critic.server. run_dir is set "
             "by the server; trainer.keep_checkpoints defaults to 3.",
             "example": {

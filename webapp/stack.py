@@ -232,10 +232,10 @@ def register_demo_assets(urls: dict, demo_dir: Path) -> dict[str, int]:
     return ids
 
 
-def submit_demo_job(urls: dict, demo_dir: Path) -> int:
-    """Submit DEMO_DIR/reinforce.yaml, naming the demo's catalogue entries, as a job scored by the stack's reward
-    server; returns the job id."""
-    datasets = register_demo_assets(urls, demo_dir)
+def demo_job_config(demo_dir: Path, datasets: dict[str, int], served: bool) -> dict:
+    """DEMO_DIR/reinforce.yaml as a job names the demo's catalogue entries. `served`: scored by the stack's reward
+    server (the demo reward model), with the task's rule reward (the built-in `demo`) as the gold reward of the
+    validations, where a policy that games the reward model shows: its reward rises while the gold one falls."""
     config = yaml.safe_load((demo_dir / "reinforce.yaml").read_text())
     config.pop("run_dir", None)
     config["model"] = {**config["model"], "policy": DEMO_POLICY}
@@ -243,8 +243,18 @@ def submit_demo_job(urls: dict, demo_dir: Path) -> int:
     config["data"] = {**config["data"], "train_dataset": datasets["train"], "val_dataset": datasets["val"]}
     for key in ("train_file", "val_file"):
         config["data"].pop(key)
-    config["reward"] = {"server": DEMO_REWARD_SERVER} if urls.get("reward_url") else {"function": "demo"}
+    config["reward"] = {"server": DEMO_REWARD_SERVER} if served else {"function": "demo"}
+    if served:
+        config["validation"] = {"extra_rewards": {"rule": {"function": "demo"}}}
     config["trainer"] = {**config.get("trainer", {}), "progress_bar": False}
+    return config
+
+
+def submit_demo_job(urls: dict, demo_dir: Path) -> int:
+    """Submit DEMO_DIR/reinforce.yaml, naming the demo's catalogue entries, as a job scored by the stack's reward
+    server (`demo_job_config`); returns the job id."""
+    datasets = register_demo_assets(urls, demo_dir)
+    config = demo_job_config(demo_dir, datasets, served=bool(urls.get("reward_url")))
     response = _api(urls, "POST", "/jobs", json={"name": "demo: REINFORCE on the tiny policy", "config": config})
     if response.status_code != 201:
         raise StackError(f"the API refused the demo job ({response.status_code}): {response.text[:500]}")

@@ -27,6 +27,9 @@ reward:
   function: aligner.demo:reward
   # server_url: http://127.0.0.1:8000   # instead of function: score with DIR/reward_model served by
   #                                     #   aligner serve-reward --model reward_model      (run in DIR)
+# validation:                           # with the reward model: score validation with this rule too, the gold
+#   extra_rewards:                      #   reward (val/extra_rewards/rule) that falls when the policy games the model
+#     rule: {function: aligner.demo:reward}
 generation:
   max_new_tokens: 48
   temperature: 1.0

@@ -9,7 +9,8 @@ compute the KL to the frozen initial policy, the RLOO baseline and the advantage
 batch in micro-batches. Lifecycle: `setup` -> `fit` (-> `rollout`, `optimise`, `validate`, `save_checkpoint`);
 `load_checkpoint` restores everything a step depends on, so 2 steps + resume + 2 steps equals 4 steps.
 `checkpoints/best.json` names the checkpoint with the best validation reward (`checkpoint.best_checkpoint`), which
-pruning keeps. PPO (aligner/trainers/ppo.py) is a subclass that replaces `rollout` and `optimise`.
+pruning keeps. PPO (aligner/trainers/ppo.py) is a subclass that replaces `rollout` and `optimise`. Validation also
+scores its samples with each gold reward of `validation.extra_rewards` (val/extra_rewards/<name>).
 
 Checkpoints are written durably (`checkpoint.commit_checkpoint`: fsync'd, with a manifest of sizes and checksums,
 then renamed). `--resume` takes the newest checkpoint that is intact (`run_layout.resume_checkpoint`) and loads
@@ -134,6 +135,7 @@ class ReinforceTrainer:
         self.skipped_checkpoints: list[tuple[int, str]] = []  # (step, reason) of damaged ones the resume set aside
         self._intact: tuple[int | None, Path | None] | None = None  # `_intact_checkpoint`'s answer, once verified
         self.log: RunLog | None = None  # from the end of `setup`
+        self.extra_reward_clients: dict[str, Any] = {}  # validation.extra_rewards' clients, by name
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self, resume: bool = False) -> None:
@@ -173,6 +175,11 @@ class ReinforceTrainer:
         self.reward_client = (
             build_reward_client(cfg.reward, device=self.device, on_wait=self._server_wait) if cfg.reward else None
         )
+        # Servers among them are waited for as the main one is (`_server_wait`, their own unavailable_timeout_s).
+        self.extra_reward_clients = {
+            name: build_reward_client(reward, device=self.device, on_wait=self._server_wait)
+            for name, reward in cfg.validation.extra_rewards.items()
+        }
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.policy_path)
         self.train_data = build_prompt_dataset(
             train_records, self.tokenizer, cfg.data.apply_chat_template, cfg.data.max_prompt_length
@@ -355,9 +362,17 @@ class ReinforceTrainer:
             distributed.barrier()
         elif distributed.is_main():
             print(f"stopped at step {self.step}; continue with --resume", file=sys.stderr)
-        if self.reward_client is not None:
-            self.reward_client.close()
+        self._close_reward_clients()
         self.log.close(finished=self.step >= cfg.max_steps)
+
+    def _reward_clients(self) -> list:
+        """The main reward client (if any) and the extra validation ones."""
+        main = getattr(self, "reward_client", None)  # none before `setup`
+        return ([main] if main is not None else []) + list(self.extra_reward_clients.values())
+
+    def _close_reward_clients(self) -> None:
+        for client in self._reward_clients():
+            client.close()  # requests still waiting give up
 
     # ----------------------------------------------------------------------------------------------- servers away
     def _server_wait(self, wait: ServerWait) -> None:
@@ -394,15 +409,15 @@ class ReinforceTrainer:
             where = "it has no checkpoint: run it again once the server is back"
         message = f"{err} The run stopped at step {self.step}; {where}."
         self.log.log_event(self.step, message, level="error", server=server, url=err.url, wait="failed")
-        if self.reward_client is not None:
-            self.reward_client.close()  # requests still waiting give up
+        self._close_reward_clients()
         raise type(err)(message, server=err.server, url=err.url, waited_s=err.waited_s) from None
 
     def request_stop(self) -> None:
         """Finish the current step, save a checkpoint, and return from `fit`. A step waiting for a server that is
         away stops waiting: it is dropped, and the last completed step is checkpointed."""
         self._stop_requested = True
-        self._stop_waiting(getattr(self, "reward_client", None))  # none before `setup`
+        for client in self._reward_clients():
+            self._stop_waiting(client)
 
     @staticmethod
     def _stop_waiting(client) -> None:
@@ -421,10 +436,14 @@ class ReinforceTrainer:
 
     def _score(self, gen: GenerationOutput, data: PromptDataset, prompt_indices: list[int]):
         """Start the reward request; prompts and metadata repeat for each sample of their prompt."""
+        return self._submit(self.reward_client, gen, data, prompt_indices)
+
+    @staticmethod
+    def _submit(client, gen: GenerationOutput, data: PromptDataset, prompt_indices: list[int]):
+        """(each sample's prompt, `client`'s future rewards of the samples)."""
         per_sample = sample_prompt_indices(gen, prompt_indices)
         prompts = [data.texts[i] for i in per_sample]
-        future = self.reward_client.submit(prompts, gen.responses, [data.metadata[i] for i in per_sample])
-        return prompts, future
+        return prompts, client.submit(prompts, gen.responses, [data.metadata[i] for i in per_sample])
 
     def _generate(self, prompt_indices: list[int], data: PromptDataset) -> GenerationOutput:
         """`reinforce.num_rollouts_per_prompt` samples of each prompt, with this step's sampling noise."""
@@ -551,7 +570,8 @@ class ReinforceTrainer:
     # ----------------------------------------------------------------------------------------------- validate
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Rewards of one sample per fixed validation prompt, with the same sampling noise every time."""
+        """Rewards of one sample per fixed validation prompt, with the same sampling noise every time; also each
+        of validation.extra_rewards' (val/extra_rewards/<name>, and in the samples' rows)."""
         n = min(self.config.trainer.num_val_prompts or len(self.val_data), len(self.val_data))
         indices = distributed.shard(list(range(n)))  # may be empty on some ranks when n < processes
         rows, metrics = [], {}
@@ -559,14 +579,20 @@ class ReinforceTrainer:
             seed = self.config.seed * 1_000_003 + VALIDATION_SEED_OFFSET + distributed.dp_rank() * RANK_SEED_STRIDE
             gen = self.generator.generate([self.val_data.token_ids[i] for i in indices], 1, seed)
             prompts, future = self._score(gen, self.val_data, indices)
+            extra_futures = {
+                name: self._submit(client, gen, self.val_data, indices)[1]
+                for name, client in self.extra_reward_clients.items()
+            }
             ref = self._logprobs(self.reference.logprobs, gen.response_batch())
             kl = kl_penalty(gen.logprobs, ref, gen.response_mask, estimator=self.config.reinforce.kl_estimator)
             rewards = future.result()
-            rows = sample_rows(self.step, "validation", prompts, gen, rewards, kl, None)
+            extra = {name: f.result() for name, f in extra_futures.items()} or None
+            rows = sample_rows(self.step, "validation", prompts, gen, rewards, kl, None, extra)
             metrics = {
                 "val/rewards": rewards.mean().item(),
                 "val/response_lengths": gen.response_lengths.float().mean().item(),
                 "val/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
+                **{f"val/extra_rewards/{name}": values.mean().item() for name, values in (extra or {}).items()},
             }
         self.log.log_samples(distributed.gather_rows(rows))
         metrics = distributed.mean_over_ranks(metrics, weight=len(indices))

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from aligner import distributed
+from aligner.algorithms.diagnostics import reward_length_correlation, zero_spread_fraction
 from aligner.generation.generator import GenerationOutput
 
 
@@ -23,7 +25,7 @@ def rollout_metrics(
     extra: dict[str, float],
 ) -> dict[str, float]:
     """Means over the samples ([B] tensors); `extra` (the algorithm's own) goes after the KL, as metrics.jsonl has
-    always ordered them."""
+    always ordered them. The diagnostics (`rollout_diagnostics`) come last."""
     return {
         "train_rollouts/rewards": rewards.mean().item(),
         "train_rollouts/rewards_with_kl": rewards_with_kl.mean().item(),
@@ -31,6 +33,27 @@ def rollout_metrics(
         **extra,
         "train_rollouts/response_lengths": gen.response_lengths.float().mean().item(),
         "train_rollouts/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
+        **rollout_diagnostics(gen, rewards),
+    }
+
+
+def rollout_diagnostics(gen: GenerationOutput, rewards: torch.Tensor) -> dict[str, float]:
+    """The correlation of the raw `rewards` (not KL-shaped) with the response lengths in tokens, and the share of
+    prompts whose samples all got the same reward (aligner/algorithms/diagnostics.py), over the global batch: under
+    torchrun every rank's rewards, lengths and prompts are gathered (three numbers a sample), so every rank holds
+    the whole batch's values and averaging them over ranks leaves them as they are."""
+    mine = (rewards.detach().double().cpu(), gen.response_lengths.cpu(), gen.group_ids.cpu())
+    # Ranks of one model-parallel group hold the same samples: their data-parallel leader speaks for them.
+    parts = [part for leader, part in distributed.all_gather_objects((distributed.is_dp_leader(), mine)) if leader]
+    groups, offset = [], 0
+    for _, _, group_ids in parts:  # each rank numbers its own prompts from 0: number them after the previous ranks'
+        groups.append(group_ids + offset)
+        offset += int(group_ids.max()) + 1 if group_ids.numel() else 0
+    all_rewards = torch.cat([r for r, _, _ in parts])
+    lengths = torch.cat([n for _, n, _ in parts])
+    return {
+        "train_rollouts/reward_length_corr": reward_length_correlation(all_rewards, lengths),
+        "train_rollouts/frac_zero_std_groups": zero_spread_fraction(all_rewards, torch.cat(groups)),
     }
 
 
@@ -42,8 +65,10 @@ def sample_rows(
     rewards: torch.Tensor,
     kl: torch.Tensor,
     advantages: torch.Tensor | None,
+    extra_rewards: dict[str, torch.Tensor] | None = None,
 ) -> list[dict[str, Any]]:
-    """One samples.jsonl row per sample; `advantages` is None for validation samples."""
+    """One samples.jsonl row per sample; `advantages` is None for validation samples. `extra_rewards` (validation:
+    {name: [B] rewards}) gives the rows `"extra_rewards": {name: value}`."""
     rows = []
     for i, (prompt, response) in enumerate(zip(prompts, gen.responses)):
         rows.append(
@@ -58,4 +83,6 @@ def sample_rows(
                 "is_end": bool(gen.is_end[i]),
             }
         )
+        if extra_rewards:
+            rows[-1]["extra_rewards"] = {name: float(values[i]) for name, values in extra_rewards.items()}
     return rows

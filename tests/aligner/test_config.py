@@ -89,3 +89,34 @@ def test_saved_config_round_trips(tmp_path):
     save_config(cfg, tmp_path / "resolved.yaml")
     again = load_config(tmp_path / "resolved.yaml")
     assert again == cfg
+
+
+def test_extra_validation_rewards_are_rewards_by_name_with_paths_resolved(tmp_path):
+    text = MINIMAL + (
+        "validation:\n  extra_rewards:\n    rule: {function: 'aligner.demo:reward'}\n"
+        "    rm: {model_path: reward_model}\n    srv: {server_url: 'http://127.0.0.1:8000'}\n"
+    )
+    cfg = load_config(write(tmp_path, text))
+    extra = cfg.validation.extra_rewards
+    assert list(extra) == ["rule", "rm", "srv"]
+    assert extra["rule"].function == "aligner.demo:reward"
+    assert extra["rm"].model_path == str(tmp_path / "cfg" / "reward_model")  # like reward.model_path
+    assert extra["srv"].server_url == "http://127.0.0.1:8000" and extra["srv"].model_path is None
+    assert load_config(write(tmp_path, MINIMAL)).validation.extra_rewards == {}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("{'val/x': {function: 'm:f'}}", "validation.extra_rewards: reward name 'val/x' is not a short identifier"),
+        ("{9lives: {function: 'm:f'}}", "reward name '9lives' is not a short identifier"),
+        ("{" + "a" * 33 + ": {function: 'm:f'}}", "at most 32 characters"),
+        ("{rm: {}}", "validation.extra_rewards.rm: give exactly one of reward.function"),
+        ("{rm: {model_path: x, unknown: 1}}", "validation.extra_rewards.rm.unknown: unknown field"),
+        ("[a]", "validation.extra_rewards: Input should be a valid dictionary"),
+    ],
+)
+def test_bad_extra_rewards_name_the_field(tmp_path, extra, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, MINIMAL + f"validation:\n  extra_rewards: {extra}\n"))
+    assert message in str(err.value)

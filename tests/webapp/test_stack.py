@@ -16,7 +16,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from webapp.stack import _values
+from aligner.demo.templates import CONFIG_TEMPLATE
+from tests.helpers.api import bearer
+from tests.helpers.catalogue import register_model
+from webapp.db import ServerEndpoint
+from webapp.stack import DEMO_POLICY, DEMO_REWARD_SERVER, _values, demo_job_config
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("ALIGNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
@@ -69,6 +73,27 @@ def service_env(request):
     with postgres_schema() as url:
         queue = f"aligner-test-{uuid.uuid4().hex[:8]}"
         yield {**env, "ALIGNER_DATABASE_URL": url, "ALIGNER_BROKER_URL": REDIS_URL, "ALIGNER_QUEUE": queue}
+
+
+@pytest.mark.parametrize("served", [True, False])
+def test_the_demo_job_names_catalogue_entries_only_and_scores_validation_with_the_rule(
+    client, admin_token, db_session, data_dir, tmp_path, served
+):
+    demo_dir = tmp_path / "demo_assets"
+    demo_dir.mkdir()
+    (demo_dir / "reinforce.yaml").write_text(CONFIG_TEMPLATE)  # what `aligner demo-assets` writes
+    with db_session() as session:  # what `register_demo_assets` puts in the catalogue
+        register_model(session, data_dir / "models" / "tiny-sft", "policy", DEMO_POLICY)
+        session.add(ServerEndpoint(name=DEMO_REWARD_SERVER, kind="reward", url="http://127.0.0.1:9", model_name="m"))
+    config = demo_job_config(demo_dir, {"train": "train.jsonl", "val": "val.jsonl"}, served=served)
+    created = client.post("/api/v1/jobs", json={"name": "demo", "config": config}, headers=bearer(admin_token))
+    assert created.status_code == 201, created.json
+    stored = created.json["config"]
+    if served:  # the reward model may be gamed: the rule it learnt from is the gold reward of every validation
+        assert stored["reward"]["server"] == DEMO_REWARD_SERVER
+        assert stored["validation"]["extra_rewards"]["rule"]["function"] == "demo"
+    else:  # scored by the rule itself
+        assert stored["reward"]["function"] == "demo" and stored["validation"]["extra_rewards"] == {}
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from aligner.trainers.ppo import PPOTrainer, critic_rows
 from aligner.trainers.reinforce import ReinforceTrainer
 from aligner.trainers.run_log import read_jsonl
 from tests.helpers.learning import assert_reward_rises
+from tests.helpers.rewards import letter_reward
 
 PPO_METRICS = [
     "train_rollouts/rewards",
@@ -29,6 +30,8 @@ PPO_METRICS = [
     "train_rollouts/values",
     "train_rollouts/response_lengths",
     "train_rollouts/fraction_of_samples_properly_ended",
+    "train_rollouts/reward_length_corr",
+    "train_rollouts/frac_zero_std_groups",
     "train_optim/loss",
     "train_optim/grad_norm",
     "train_optim/lr",
@@ -163,6 +166,8 @@ def test_ppo_two_steps_resume_two_steps_equals_four_steps(run_config, reward_mod
     assert all(name in rows[0][1] for name in PPO_METRICS)
     assert all(r["train_optim/critic_loss"] >= 0 for r in rows[0][1:])
     assert all(0 <= r["train_optim/clip_fraction"] <= 1 for r in rows[0][1:])
+    assert all(-1 <= r["train_rollouts/reward_length_corr"] <= 1 for r in rows[0][1:])
+    assert all(0 <= r["train_rollouts/frac_zero_std_groups"] <= 1 for r in rows[0][1:])
 
 
 @pytest.mark.slow
@@ -206,6 +211,7 @@ def test_rewards_from_the_critic_server_without_a_reward_section(run_config, rew
         reward=None,
         critic={"model_path": str(reward_model_dir), "use_critic_rewards": True, "server_overrides": ["lr=1e-3"]},
         trainer={"max_steps": 2, "val_check_interval": 2, "save_interval": 2, "progress_bar": False},
+        validation={"extra_rewards": {"letters": {"function": "tests.helpers.rewards:letter_reward"}}},
     )
     trainer = ppo_train(config)
     assert trainer.step == 2 and best_checkpoint(trainer.run_dir).name == "step_000002"
@@ -213,3 +219,7 @@ def test_rewards_from_the_critic_server_without_a_reward_section(run_config, rew
     # The tiny reward model scores every row differently: the rewards are the critic server's, not constants.
     samples = read_jsonl(trainer.run_dir / "samples.jsonl")
     assert len({s["reward"] for s in samples}) > 1 and "val/rewards" in rows[-1]
+    # PPO validates as REINFORCE does: the gold reward scores the samples the critic's rewards did.
+    val = [s for s in samples if s["split"] == "validation" and s["step"] == 2]
+    gold = letter_reward([], [s["response"] for s in val])
+    assert rows[-1]["val/extra_rewards/letters"] == pytest.approx(sum(gold) / len(gold), rel=1e-5, abs=1e-6)

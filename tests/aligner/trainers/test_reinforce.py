@@ -24,6 +24,7 @@ from aligner.trainers.run_log import read_jsonl
 from aligner.trainers.schedule import lr_multiplier
 from tests.helpers.checkpoints import tear
 from tests.helpers.learning import assert_reward_rises
+from tests.helpers.rewards import letter_reward, varied_reward
 from tests.helpers.tracking import mlflow_client, mlflow_history, tensorboard_scalars
 from tests.helpers.training import train
 
@@ -108,7 +109,16 @@ def test_two_steps_resume_two_steps_equals_four_steps(run_config, capsys):
 def test_metrics_samples_checkpoints_and_final_policy(run_config):
     from transformers import AutoModelForCausalLM
 
-    trainer = train(run_config(trainer={"max_steps": 3, "val_check_interval": 2, "save_interval": 2}))
+    gold = {
+        "varied": {"function": "tests.helpers.rewards:varied_reward"},
+        "scaled": {"function": "tests.helpers.rewards:scaled_letter_reward", "function_args": {"scale": -3}},
+    }
+    trainer = train(
+        run_config(
+            trainer={"max_steps": 3, "val_check_interval": 2, "save_interval": 2},
+            validation={"extra_rewards": gold},
+        )
+    )
     rows = read_jsonl(trainer.run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert "val/rewards" in rows[0] and "val/rewards" in rows[2] and "val/rewards" in rows[3]
@@ -116,8 +126,23 @@ def test_metrics_samples_checkpoints_and_final_policy(run_config):
     for row in rows[1:]:
         assert set(NEMO_METRICS) <= row.keys()
         assert all(math.isfinite(row[k]) for k in NEMO_METRICS)
-    assert rows[1]["train_optim/lr"] == pytest.approx(1e-3)  # warmup of one step
+        assert -1 <= row["train_rollouts/reward_length_corr"] <= 1
+        assert 0 <= row["train_rollouts/frac_zero_std_groups"] <= 1
+        # New metrics come after the existing ones: metrics.jsonl keeps its order.
+        keys = [k for k in row if k.startswith("train_rollouts/")]
+        assert keys[-2:] == ["train_rollouts/reward_length_corr", "train_rollouts/frac_zero_std_groups"]
+    # The gold rewards of each validation are the functions' means over that validation's samples.
     samples = read_jsonl(trainer.run_dir / "samples.jsonl")
+    for row in (r for r in rows if "val/rewards" in r):
+        val = [s for s in samples if s["split"] == "validation" and s["step"] == row["step"]]
+        assert len(val) == 6 and all(set(s["extra_rewards"]) == {"varied", "scaled"} for s in val)
+        responses = [s["response"] for s in val]
+        expected = {"varied": varied_reward([], responses), "scaled": [-3 * r for r in letter_reward([], responses)]}
+        for name, values in expected.items():
+            assert [s["extra_rewards"][name] for s in val] == pytest.approx(values, rel=1e-5, abs=1e-6)
+            assert row[f"val/extra_rewards/{name}"] == pytest.approx(sum(values) / len(val), rel=1e-5, abs=1e-6)
+    assert all("extra_rewards" not in s for s in samples if s["split"] == "train")
+    assert rows[1]["train_optim/lr"] == pytest.approx(1e-3)  # warmup of one step
     assert {s["split"] for s in samples} == {"train", "validation"}
     assert {"step", "prompt", "response", "reward", "kl", "advantage", "is_end"} <= samples[0].keys()
     assert [p.name for p in list_checkpoints(trainer.run_dir)] == ["step_000002", "step_000003"]
