@@ -173,6 +173,8 @@ class Sample(Base):
     kl: Mapped[float | None] = mapped_column(Float, nullable=True)
     advantage: Mapped[float | None] = mapped_column(Float, nullable=True)
     is_end: Mapped[bool] = mapped_column(Boolean, default=True)
+    # A validation sample's gold rewards (the config's validation.extra_rewards): {name: value}.
+    extra_rewards: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
 
 
 class Event(Base):

@@ -257,6 +257,12 @@ class SampleOut(Schema):
     kl = Float(allow_none=True)
     advantage = Float(allow_none=True)
     is_end = Boolean(required=True, metadata={"description": "The response ended properly (EOS or end string)."})
+    extra_rewards = Dict(
+        keys=String(),
+        values=Float(allow_none=True),
+        allow_none=True,
+        metadata={"description": "A validation sample's gold rewards (validation.extra_rewards): {name: value}."},
+    )
 
 
 class SamplePage(PageOut):

@@ -103,6 +103,15 @@ def _text(value: Any) -> str:
     return str(value).replace("\x00", "\ufffd")
 
 
+def _extra_rewards(value: Any) -> dict[str, float | None] | None:
+    """A validation sample's gold rewards as JSON can hold them (names cut short, non-finite values as null)."""
+    if not isinstance(value, dict) or not value:
+        return None
+    return {
+        _text(name)[:64]: _json_safe(number) for name, raw in value.items() if (number := _number(raw)) is not None
+    }
+
+
 def _json_safe(value: float) -> float | None:
     """NaN and infinities are not JSON (PostgreSQL's JSON type refuses them): None in event payloads."""
     return value if math.isfinite(value) else None
@@ -280,6 +289,7 @@ class RunIngestor:
                 "kl": _number(line.get("kl")),
                 "advantage": _number(line.get("advantage")),
                 "is_end": bool(line.get("is_end", True)),
+                "extra_rewards": _extra_rewards(line.get("extra_rewards")),
             }
             self.sample_counts[key] += 1
             rows.append(row)

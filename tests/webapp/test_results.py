@@ -52,9 +52,11 @@ def test_samples_filters_and_pages(client, token, config, db_session):
             for split in ("train", "validation"):
                 for index in range(3):
                     reward = step + index / 10
+                    gold = {"rule": reward / 2} if split == "validation" else None
                     session.add(
                         Sample(job_id=job["id"], step=step, split=split, index=index, prompt=f"p{index}",
-                               response="r", reward=reward, kl=0.01, advantage=None, is_end=index != 2)
+                               response="r", reward=reward, kl=0.01, advantage=None, is_end=index != 2,
+                               extra_rewards=gold)
                     )  # fmt: skip
     url = f"/api/v1/jobs/{job['id']}/samples"
 
@@ -62,8 +64,10 @@ def test_samples_filters_and_pages(client, token, config, db_session):
     assert train2["total"] == 3 and [s["index"] for s in train2["items"]] == [0, 1, 2]
     assert train2["items"][2] == {
         "step": 2, "split": "train", "index": 2, "prompt": "p2", "response": "r", "reward": 2.2, "kl": 0.01,
-        "advantage": None, "is_end": False,
+        "advantage": None, "is_end": False, "extra_rewards": None,
     }  # fmt: skip
+    val1 = client.get(url, query_string={"step": 1, "split": "validation"}, headers=bearer(token)).json["items"]
+    assert [s["extra_rewards"] for s in val1] == [{"rule": 0.5}, {"rule": 0.55}, {"rule": 0.6}]
 
     rich = client.get(url, query_string={"min_reward": 1.1, "max_reward": 2.05}, headers=bearer(token)).json
     assert rich["total"] == 6  # 1.1, 1.2 in both splits at step 1; 2.0 in both at step 2

@@ -77,10 +77,18 @@ def test_tail_skips_bad_lines_and_restarts_when_the_file_shrinks(tmp_path):
 def test_metrics_samples_checkpoints_and_events(factory, tmp_path):
     job_id = create_job(factory, {}, tmp_path)
     (tmp_path / "metrics.jsonl").write_text(metric_line(0, 0.0) + metric_line(1, 0.5))
-    (tmp_path / "samples.jsonl").write_text(sample_lines(0, "validation", 3) + sample_lines(1, "train", 2))
+    gold = json.dumps({"step": 0, "split": "validation", "prompt": "p", "response": "r", "reward": 1.5,
+                       "extra_rewards": {"rule": 0.25, "rm": float("nan"), "bad": "x"}})  # fmt: skip
+    (tmp_path / "samples.jsonl").write_text(
+        sample_lines(0, "validation", 3) + gold + "\n" + sample_lines(1, "train", 2)
+    )
     ingestor = new_ingestor(factory, job_id, tmp_path)
     got = poll(factory, ingestor)
-    assert got["steps"] == [0, 1] and got["samples"] == 5 and got["checkpoints"] == []
+    assert got["steps"] == [0, 1] and got["samples"] == 6 and got["checkpoints"] == []
+    # a validation sample's gold rewards are kept as JSON can hold them (NaN as null, a non-number dropped)
+    with session_scope(factory) as session:
+        stored = session.scalar(select(Sample.extra_rewards).where(Sample.split == "validation", Sample.index == 3))
+    assert stored == {"rule": 0.25, "rm": None}
     assert rows(factory, Metric.step, Metric.name, Metric.value) == [
         (0, "train_optim/loss", -0.0), (0, "train_rollouts/rewards", 0.0),
         (1, "train_optim/loss", -0.5), (1, "train_rollouts/rewards", 0.5),
@@ -89,6 +97,7 @@ def test_metrics_samples_checkpoints_and_events(factory, tmp_path):
         (0, "validation", 0),
         (0, "validation", 1),
         (0, "validation", 2),
+        (0, "validation", 3),
         (1, "train", 0),
         (1, "train", 1),
     ]
@@ -100,7 +109,7 @@ def test_metrics_samples_checkpoints_and_events(factory, tmp_path):
         "train_optim/loss": -0.5,
     }
     summary = events(factory, job_id, "samples")
-    assert [(e["step"], e["split"], e["count"]) for e in summary] == [(0, "validation", 3), (1, "train", 2)]
+    assert [(e["step"], e["split"], e["count"]) for e in summary] == [(0, "validation", 4), (1, "train", 2)]
     assert summary[0]["example"] == {"prompt": "p0", "response": "r0", "reward": 0.0}
 
     # A checkpoint counts once it has its final name (the trainer writes step_N.tmp, then renames it).
