@@ -44,17 +44,17 @@ def build_app(api_url: str, data_dir: Path | None = None):
     # Gradio loads here, not at import: the helper modules and their tests do without it.
     import gradio as gr
 
-    from webapp.ui import tabs
+    from webapp.ui import compare, job_page, jobs_tab, tabs
     from webapp.ui.form import presets
 
     with gr.Blocks(title="Aligner") as app:
         session, sign_in = tabs.header(api_url)
         with gr.Tabs():
-            jobs_table = tabs.jobs_tab(session)
+            jobs_table = jobs_tab.jobs_tab(session)
             tabs.new_job_tab(session, presets(data_dir))
-            tabs.job_page_tab(session)
+            job_page.job_page_tab(session)
             tabs.samples_tab(session)
-            tabs.compare_tab(session)
+            compare.compare_tab(session)
             tabs.catalogue_tab(session)
         tabs.wire_sign_in(session, sign_in, jobs_table)
     return app
