@@ -39,9 +39,10 @@ def test_jobs_frame_has_one_row_per_job_with_progress_reward_and_age():
     }  # fmt: skip
     page["items"][0]["alarms"] = ["length_hacking", "kl_growth"]
     frame = frames.jobs_frame(page, NOW, selected=1)
-    assert list(frame.columns) == ["sel", "id", "name", "algorithm", "status", "health", "step", "latest reward", "age"]
+    columns = ["sel", "id", "name", "algorithm", "status", "health", "step", "latest reward", "age"]
+    assert list(frame.columns) == columns
     assert frame.values.tolist() == [
-        ["", 2, "b", "ppo", "running", "⚠ length hacking, kl growth", "3/10", "+0.5000", "5 min"],
+        ["", 2, "b", "ppo", "running", "⚠ length hacking, KL growth", "3/10", "+0.5000", "5 min"],
         ["▶", 1, "a", "reinforce", "queued", "", "0/4", "", "2 d"],  # a job without the field is REINFORCE
     ]
     assert frames.jobs_frame({"items": []}).empty

@@ -26,6 +26,15 @@ COMPARE_METRICS = [
     "train_rollouts/frac_zero_std_groups",
 ]
 JOB_COLUMNS = ["sel", "id", "name", "algorithm", "status", "health", "step", "latest reward", "age"]
+# The health alarms (GET /jobs `alarms`, `health` events) in words.
+ALARM_WORDS = {
+    "validation_divergence": "validation divergence",
+    "length_hacking": "length hacking",
+    "kl_growth": "KL growth",
+    "zero_spread": "zero reward spread",
+    "nonfinite": "non-finite values",
+    "ending_collapse": "ending collapse",
+}
 SELECTED = "▶"  # the selected job's row (a table refresh clears Gradio's own highlight)
 SAMPLE_COLUMNS = ["step", "split", "index", "prompt", "response", "reward", "kl", "advantage", "is_end"]
 
@@ -44,13 +53,18 @@ def age(created_at: str | None, now: dt.datetime | None = None) -> str:
     return f"{seconds} s"
 
 
+def alarm_words(name: str) -> str:
+    """`length_hacking` -> "length hacking"."""
+    return ALARM_WORDS.get(name, name.replace("_", " "))
+
+
 def jobs_frame(page: dict, now: dt.datetime | None = None, selected: int | None = None) -> pd.DataFrame:
     """GET /jobs -> one row per job: a marker on the `selected` one, id, name, algorithm, status, firing health
     alarms, step (as step/max_steps), latest reward, age."""
     rows = []
     for job in page.get("items", []):
         reward = job.get("latest_reward")
-        alarms = ", ".join(str(a).replace("_", " ") for a in job.get("alarms") or [])
+        alarms = ", ".join(alarm_words(str(a)) for a in job.get("alarms") or [])
         rows.append(
             [
                 SELECTED if selected is not None and job["id"] == selected else "",

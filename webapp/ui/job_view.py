@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from webapp.ui.frames import TIMERS_PREFIX, metrics_frame, timers_frame
+from webapp.ui.frames import TIMERS_PREFIX, alarm_words, metrics_frame, timers_frame
 
 EXTRA_REWARDS_PREFIX = "val/extra_rewards/"
 TRAIN_REWARD, VAL_REWARD, KL = "train_rollouts/rewards", "val/rewards", "train_rollouts/init_policy_kl"
@@ -39,14 +39,6 @@ CHARTS: list[tuple[str, list[str], str, bool]] = [
 TIMERS_CHART = ("Time per step", "seconds")
 ACTIVE = ("queued", "running", "cancelling")
 HEAD_TAIL = 5  # steps averaged at each end for the change in train reward
-ALARM_WORDS = {
-    "validation_divergence": "validation divergence",
-    "length_hacking": "length hacking",
-    "kl_growth": "KL growth",
-    "zero_spread": "zero reward spread",
-    "nonfinite": "non-finite values",
-    "ending_collapse": "ending collapse",
-}
 
 
 def series_label(name: str) -> str:
@@ -73,7 +65,8 @@ def job_charts(body: dict) -> list[tuple[str, pd.DataFrame, str, bool]]:
         if title == "Reward":
             names = names + sorted(n for n in metrics if n.startswith(EXTRA_REWARDS_PREFIX))
         frame = metrics_frame(body, names)
-        if len(frame):
+        if len(frame):  # the legend in the order of `names`
+            frame = frame.sort_values("series", key=lambda col: col.map(names.index), kind="stable")
             frame["series"] = frame["series"].map(series_label)
             charts.append((title, frame, y_title, log))
     timers = timers_frame(body)
@@ -158,7 +151,7 @@ def alarm_badges(job: dict, events: list[dict]) -> list[str]:
     badges = []
     for name in names:
         message = firing.get(name, "")
-        badges.append(f"⚠ {ALARM_WORDS.get(name, name.replace('_', ' '))}" + (f": {message}" if message else ""))
+        badges.append(f"⚠ {alarm_words(name)}" + (f": {message}" if message else ""))
     return badges
 
 
@@ -226,7 +219,7 @@ def describe_event(event: dict) -> str | None:
     if kind == "checkpoint":
         return f"{step}checkpoint saved"
     if kind == "health":
-        name = ALARM_WORDS.get(str(data.get("alarm")), str(data.get("alarm")).replace("_", " "))
+        name = alarm_words(str(data.get("alarm")))
         if data.get("state") == "cleared":
             return f"{step}health: {name} cleared"
         paused = " (job paused)" if data.get("paused") else ""
