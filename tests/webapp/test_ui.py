@@ -531,7 +531,7 @@ def test_the_timers_refreshes_follow_the_jobs_refresh_that_drops_a_rejected_toke
     assert followers == {"refresh_job_page", "refresh_samples", "refresh_follow", "refresh_compare"}
     compare = next(fn.fn for fn in fns if fn.trigger_after == on_tick[0]._id and fn.name == "refresh_compare")
     # a hidden tab's refresh asks nothing of the API (an unreachable one here) and redraws nothing
-    assert compare("job", "token", [1, 2], "train_rollouts/rewards", None, None) == [gr.skip()] * 6
+    assert compare("job", "token", [1, 2], "train_rollouts/rewards", None, None, None) == [gr.skip()] * 8
 
 
 def test_a_preset_fills_the_form_naming_datasets_by_their_ids(tmp_path):

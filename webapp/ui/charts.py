@@ -109,7 +109,8 @@ def line_chart(
         dtick=step_dtick(x_max - x_min),
         range=[x_min - pad, max(x_max, x_min + 1) + pad],
     )
-    fig.update_yaxes(title_text=y_title, type="log" if log else "linear", tickformat=".3~g" if not log else None)
+    # exponents as 2.5e-7, not SI prefixes (250n reads as nanoseconds)
+    fig.update_yaxes(title_text=y_title, type="log" if log else "linear", exponentformat="e")
     return fig
 
 

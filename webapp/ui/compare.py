@@ -4,6 +4,7 @@ to one validation prompt at one step side by side."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import gradio as gr
@@ -51,6 +52,18 @@ def compare_view(api, ids: list[int], metric: str) -> dict[str, Any]:
     return {"jobs": jobs, "bodies": bodies, "problems": problems}
 
 
+def answers(api, ids: list[int], step: int, prompt: str | None) -> list:
+    """[prompt drop-down update, answers table]: the jobs' validation answers at `step` to `prompt` (else the first
+    prompt they all answered) side by side (GET /jobs/{id}/samples?split=validation&step=N)."""
+    samples: dict[str, list[dict]] = {}
+    for jid in ids:
+        label = job_choice(api.get(f"/jobs/{jid}"))[0]
+        samples[label] = api.get(f"/jobs/{jid}/samples", split="validation", step=step, per_page=100)["items"]
+    prompts = common_prompts(samples)
+    prompt = prompt if prompt in prompts else (prompts[0] if prompts else None)
+    return [gr.update(choices=prompts, value=prompt), answers_frame(samples, prompt) if prompt else None]
+
+
 def compare_tab(session: Session) -> None:
     """Pick jobs from your list (or add the selected one), a metric; the overlay, config differences, scale warning
     and two jobs' answers side by side."""
@@ -74,16 +87,16 @@ def compare_tab(session: Session) -> None:
         c_diff = gr.Dataframe(interactive=False, wrap=True, label="Config differences", elem_id="c-diff")
         seen = gr.State(None)  # what the view was drawn from: nothing redraws while it is the same
 
-    view_outputs = [c_jobs, c_plot, c_msg, c_diff, c_step, seen]
+    view_outputs = [c_jobs, c_plot, c_msg, c_diff, c_step, c_prompt, c_answers, seen]
 
-    def refresh_compare(token: str, ids: list, metric: str, step, drawn):
+    def refresh_compare(token: str, ids: list, metric: str, step, prompt: str | None, drawn):
         if not token:
             return [gr.skip()] * len(view_outputs)
         api = session.api(token)
         try:
             listed = api.get_all("/jobs")
         except ApiError as err:
-            return [gr.skip(), gr.skip(), f"Your jobs cannot be listed: {err.message}", *[gr.skip()] * 3]
+            return [gr.skip(), gr.skip(), f"Your jobs cannot be listed: {err.message}", *[gr.skip()] * 5]
         choices = [job_choice(job) for job in listed]
         progress = {job["id"]: [job["status"], job.get("step")] for job in listed}
         wanted = [i for i in (job_id_of(x) for x in ids or []) if i is not None]
@@ -92,7 +105,8 @@ def compare_tab(session: Session) -> None:
             return [gr.skip()] * len(view_outputs)
         jobs_update = gr.update(choices=choices, value=wanted)
         if not wanted or not metric:
-            return [jobs_update, None, "Pick two or more jobs.", None, gr.update(choices=[], value=None), key]
+            cleared = gr.update(choices=[], value=None)
+            return [jobs_update, None, "Pick two or more jobs.", None, cleared, cleared, None, key]
         view = compare_view(api, wanted, metric)
         frame = compare_frame(view["bodies"], metric)
         figure = line_chart(frame, metric, metric) if len(frame) else None
@@ -108,31 +122,28 @@ def compare_tab(session: Session) -> None:
         step_value = step_of(step) if step_of(step) in steps else (steps[-1] if steps else None)
         message = "; ".join(notes) or f"{len(view['jobs'])} jobs."
         step_update = gr.update(choices=steps, value=step_value)
-        return [jobs_update, figure, message, diff, step_update, key]
+        found = [job["id"] for job in view["jobs"].values()]
+        shown = [gr.update(choices=[], value=None), None]
+        if step_value is not None:
+            with contextlib.suppress(ApiError):  # a job gone meanwhile: the next refresh says which
+                shown = answers(api, found, step_value, prompt)
+        return [jobs_update, figure, message, diff, step_update, *shown, key]
 
     def refresh_answers(token: str, ids: list, step, prompt: str | None):
         wanted = [i for i in (job_id_of(x) for x in ids or []) if i is not None]
         if not token or not wanted or step_of(step) is None:
             return gr.update(choices=[], value=None), None
-        samples: dict[str, list[dict]] = {}
         try:
-            api = session.api(token)
-            for jid in wanted:
-                label = job_choice(api.get(f"/jobs/{jid}"))[0]
-                page = api.get(f"/jobs/{jid}/samples", split="validation", step=step_of(step), per_page=100)
-                samples[label] = page["items"]
+            return answers(session.api(token), wanted, step_of(step), prompt)
         except ApiError:
             return gr.update(), gr.update()
-        prompts = common_prompts(samples)
-        prompt = prompt if prompt in prompts else (prompts[0] if prompts else None)
-        return gr.update(choices=prompts, value=prompt), answers_frame(samples, prompt) if prompt else None
 
     def add_selected(ids: list, selected):
         jid = job_id_of(selected)
         wanted = [i for i in (job_id_of(x) for x in ids or []) if i is not None]
         return gr.update(value=wanted + [jid] if jid is not None and jid not in wanted else wanted)
 
-    inputs = [session.token, c_jobs, c_metric, c_step, seen]
+    inputs = [session.token, c_jobs, c_metric, c_step, c_prompt, seen]
     session.every_tick(refresh_compare, inputs, view_outputs, tab="compare")
     session.follow_tab(tab, "compare", refresh_compare, inputs, view_outputs)
     for trigger in (c_jobs.change, c_metric.change):

@@ -86,7 +86,7 @@ def job_page_tab(session: Session) -> None:
                     label="Checkpoints (select a row to download it)",
                     elem_id="checkpoints",
                 )
-                download = gr.File(label="Checkpoint zip", elem_id="ckpt-file", interactive=False)
+                download = gr.File(label="Checkpoint zip", elem_id="ckpt-file", interactive=False, visible=False)
                 download_msg = gr.Markdown(elem_id="ckpt-msg")
         view = gr.State({})
 
@@ -128,8 +128,10 @@ def job_page_tab(session: Session) -> None:
         try:
             session.api(token).download(f"/jobs/{jid}/checkpoints/{step}/download", target)
         except ApiError as err:
-            return gr.update(value=None), f"The checkpoint of step {step} cannot be downloaded: {err.message}"
-        return str(target), f"Checkpoint of step {step}: {target.stat().st_size / 1e6:.1f} MB"
+            message = f"The checkpoint of step {step} cannot be downloaded: {err.message}"
+            return gr.update(value=None, visible=False), message
+        size = f"{target.stat().st_size / 1e6:.1f} MB"
+        return gr.update(value=str(target), visible=True), f"Checkpoint of step {step}: {size}"
 
     inputs = [session.token, session.job_id, view, smoothing, log_y]
     session.every_tick(refresh_job_page, inputs, outputs, tab="job")
