@@ -29,7 +29,7 @@ def stack(tmp_path):
 def test_dashboard_signs_in_submits_follows_and_cancels(stack, tmp_path, tiny_policy_dir):
     ARTIFACTS.mkdir(exist_ok=True)
     prompts = tmp_path / "prompts.jsonl"
-    prompts.writetext("".join(json.dumps({"prompt": p}) + "\n" for p in ("the cat", "a dog", "the sea")))
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("the cat", "a dog", "the sea")))
     upload_prompts(stack, prompts)
     form = {
         "f-name": "ui tiny",
@@ -104,7 +104,10 @@ def test_dashboard_signs_in_submits_follows_and_cancels(stack, tmp_path, tiny_po
 
         page.get_by_role("tab", name="Samples").click()
         wait_text(page, "samples-info", "samples match", 30)
-        assert "the cat" in text(page, "samples-table") or "the sea" in text(page, "samples-table")
+        deadline = time.monotonic() + 30  # the info line may still be that of the job when it was submitted
+        while not ("the cat" in text(page, "samples-table") or "the sea" in text(page, "samples-table")):
+            assert time.monotonic() < deadline, text(page, "samples-table")
+            time.sleep(0.5)
         page.locator("#s-split").get_by_role("radio", name="validation").check()
         wait_text(page, "samples-table", "validation", 30)
         # One validation prompt followed across steps: a row per validation (steps 0, 2 and 4).
@@ -134,6 +137,7 @@ def test_dashboard_signs_in_submits_follows_and_cancels(stack, tmp_path, tiny_po
         page.screenshot(path=ARTIFACTS / "ui-jobs.png", full_page=True)
 
         page.get_by_role("tab", name="Compare").click()
+        wait_text(page, "c-msg", "of your 2 jobs", 30)
         page.click("#c-add")  # the selected job (the second)
         choose(page, "c-jobs", f"{first}: ui tiny")
         page.locator("#plot-compare .scatterlayer .points path").first.wait_for(timeout=30_000)

@@ -60,6 +60,7 @@ def test_job_page_charts_and_compare_answers_side_by_side(tmp_path, tiny_policy_
             assert time.monotonic() < deadline, "the second job did not finish"
             time.sleep(1)
         page.get_by_role("tab", name="Compare").click()
+        wait_text(page, "c-msg", "of your 2 jobs", 30)
         choose(page, "c-jobs", f"{first}: ui a")
         fill(page, "job-id", second)  # the other one added as the selected job
         page.locator("#job-id input").first.press("Enter")

@@ -74,7 +74,7 @@ def compare_tab(session: Session) -> None:
             c_metric = gr.Dropdown(
                 COMPARE_METRICS, value=COMPARE_METRICS[0], label="Metric", allow_custom_value=True, elem_id="c-metric"
             )
-        c_msg = gr.Markdown("Pick two or more jobs.", elem_id="c-msg")
+        c_msg = gr.Markdown("Sign in to list your jobs.", elem_id="c-msg")
         with gr.Row():
             c_plot = gr.Plot(elem_id="plot-compare", show_label=False, min_width=480)
             with gr.Column():
@@ -103,10 +103,13 @@ def compare_tab(session: Session) -> None:
         key = [choices, wanted, metric, [progress.get(i) for i in wanted]]
         if key == drawn:
             return [gr.skip()] * len(view_outputs)
-        jobs_update = gr.update(choices=choices, value=wanted)
+        # The list's choices only, and only when they changed: an update re-renders the drop-down, closing it under
+        # the user's pointer, and a value sent back could undo a pick made meanwhile.
+        jobs_update = gr.update(choices=choices) if not drawn or drawn[0] != choices else gr.skip()
         if not wanted or not metric:
             cleared = gr.update(choices=[], value=None)
-            return [jobs_update, None, "Pick two or more jobs.", None, cleared, cleared, None, key]
+            message = f"Pick two or more of your {len(choices)} jobs (or add the selected one)."
+            return [jobs_update, None, message, None, cleared, cleared, None, key]
         view = compare_view(api, wanted, metric)
         frame = compare_frame(view["bodies"], metric)
         figure = line_chart(frame, metric, metric) if len(frame) else None
