@@ -167,7 +167,7 @@ def test_actions_enabled_per_status(status, has_checkpoint, step, enabled):
 
 
 def test_config_diff_lists_the_dotted_keys_that_differ():
-    a = {"trainer": {"lr": 0.001, "max_steps": 10}, "reward": {"function": "f"}, "name": "a"}
+    a = {"trainer": {"lr": 0.001, "max_steps": 10}, "reward": {"function": "f"}, "name": "a", "run_dir": "/r/1"}
     b = {"trainer": {"lr": 0.0003, "max_steps": 10}, "reward": {"function": "f", "function_args": {"k": 1}}}
     diff = job_view.config_diff({"1: a": a, "2: b": b})
     assert diff.columns.tolist() == ["key", "1: a", "2: b"]

@@ -7,27 +7,34 @@ token lives in the browser session's state (a reload asks for it again) and goes
 `Authorization: Bearer TOKEN`. A token the API rejects (401) is dropped at once ("token rejected: sign in again")
 rather than sent again on every refresh: failed sign-ins from one address are throttled (429). Tabs:
 
-- Jobs: your jobs (id, name, algorithm, status, step / max_steps, latest reward, age), refreshed every few seconds;
-  cancel, resume or retry the selected job (click a row, or type its id).
+- Jobs: your jobs (the selected one marked, status, health alarms, step / max_steps, latest reward, age), refreshed
+  every few seconds; cancel (after a confirmation), resume or retry the selected job, each enabled only when it
+  applies to its status (click a row, or type its id).
 - New job: drop-downs filled from the catalogue at sign-in (and by Refresh lists): the policy (and a tokenizer), the
   train and validation datasets (yours and the shared ones), the reward (a reward function with its JSON arguments
   and the help of a built-in's parameters, a reward model or a reward server) and, for PPO, the critic (a model or a
   server); the main knobs of a config, an advanced YAML editor merged under them, presets (aligner.config's
   defaults, and the demo's runs naming the entries `aligner up --demo` registers when DATA_DIR/demo_assets holds its
   configs). The job names catalogue entries, never paths; a 422 from the API is shown under the field it concerns.
-- Job page: live line charts of GET /jobs/{id}/metrics (a PPO job's critic loss, value estimates, clip fraction and
-  entropy too), status, the event log (a PPO job's critic server starting and stopping) and the checkpoints.
+- Job page: the run's summary (best validation, change in reward, speed, time left, alarms), plotly charts of
+  GET /jobs/{id}/metrics (those with data; integer steps, one x range, smoothing, log scale for KL and losses), the
+  event log in words and the checkpoints (a row selected: its zip). It follows the job's event stream and redraws
+  only when new events came.
 - Samples: the generations of a step (train / validation), filtered by step and reward range; one validation
   prompt followed across steps.
-- Compare: one metric of several jobs on one chart, whatever their algorithms (the same names mean the same).
+- Compare: jobs picked from your list; one metric of each on one chart, whatever their algorithms, their config
+  differences, a warning when their rewards are on different scales, and their answers to one validation prompt at
+  one step side by side.
 - Catalogue (admins only, GET /me): the models, reward functions and servers jobs may use, and the datasets the
   admin sees; register or remove an entry, share or unshare a dataset. The API's refusals are shown as it gives
   them (message and each field's reason).
 
 Everything shown is fetched from the API, so a reload loses nothing but the token. Modules: `api` (the REST client),
 `frames` (API JSON -> pandas DataFrames and text), `form` (the New job form: defaults, presets, form -> job body,
-422 errors -> fields), `catalogue` (drop-down choices and labels, the Catalogue tab's tables and actions), all
-tested without a browser; `tabs` (the Gradio layout, one builder per tab, and the handlers it wires).
+422 errors -> fields), `catalogue` (drop-down choices and labels, the Catalogue tab's tables and actions), `job_view`
+(the Job page's summary and event log, the actions that apply, Compare's differences), `charts` (plotly figures),
+all tested without a browser; `tabs` (the session, the sign-in header, the New job, Samples and Catalogue tabs),
+`jobs_tab`, `job_page` and `compare` (the Gradio layout of those tabs and the handlers they wire).
 """
 
 from __future__ import annotations

@@ -270,9 +270,10 @@ def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def config_diff(configs: dict[str, dict]) -> pd.DataFrame:
-    """{label: config} -> one row per dotted key whose values differ (or that some lack): key, then each label."""
+    """{label: config} -> one row per dotted key whose values differ (or that some lack): key, then each label. The
+    run folder is left out: the server gives each job its own."""
     labels = list(configs)
-    flat = {label: flatten(config) for label, config in configs.items()}
+    flat = {label: {k: v for k, v in flatten(config).items() if k != "run_dir"} for label, config in configs.items()}
     keys = sorted({key for values in flat.values() for key in values})
     rows = []
     for key in keys:
