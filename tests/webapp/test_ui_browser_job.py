@@ -21,7 +21,6 @@ from webapp.ui.api import Api
 def test_job_page_charts_and_compare_answers_side_by_side(tmp_path, tiny_policy_dir):
     ARTIFACTS.mkdir(exist_ok=True)
     with up_stack(tmp_path / "data") as stack, chromium() as browser:
-        start = time.monotonic()
         api = Api(stack["api_url"], stack["token"])
         catalogue.register_model(api, "ui-tiny", str(tiny_policy_dir), "policy")
         catalogue.register_server(api, "ui-reward", stack["reward_url"], "reward", "reward_model")
@@ -54,7 +53,6 @@ def test_job_page_charts_and_compare_answers_side_by_side(tmp_path, tiny_policy_
         assert "Reward" in page.locator("#plot-0 .gtitle").first.text_content()
         page.screenshot(path=ARTIFACTS / "ui-job-page-charts.png", full_page=True)
 
-        print(f"job page checked at {time.monotonic() - start:.0f} s")
         deadline = time.monotonic() + 120
         while api.get(f"/jobs/{second}")["status"] != "succeeded":
             assert time.monotonic() < deadline, "the second job did not finish"
@@ -71,4 +69,3 @@ def test_job_page_charts_and_compare_answers_side_by_side(tmp_path, tiny_policy_
         assert f"{first}: ui a" in answers and "response" in answers and "reward" in answers
         assert page.locator("#c-step input").first.input_value() == "2"  # the last validation step both jobs have
         page.screenshot(path=ARTIFACTS / "ui-compare-answers.png", full_page=True)
-        print(f"compare checked at {time.monotonic() - start:.0f} s")
