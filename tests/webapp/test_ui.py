@@ -22,7 +22,7 @@ from aligner.config import TrainConfig
 from aligner.demo.templates import CONFIG_TEMPLATE, ppo_config_text
 from webapp import ui
 from webapp.db import MODEL_KINDS, SERVER_KINDS, ApiToken, revoke_token
-from webapp.ui import api, catalogue, form, frames, new_job, tabs
+from webapp.ui import api, catalogue, form, frames, job_view, new_job, tabs
 
 NOW = dt.datetime(2026, 11, 22, 19, 0, 0, tzinfo=dt.UTC)
 
@@ -37,11 +37,13 @@ def test_jobs_frame_has_one_row_per_job_with_progress_reward_and_age():
         ],
         "total": 2,
     }  # fmt: skip
-    frame = frames.jobs_frame(page, NOW)
-    assert list(frame.columns) == ["id", "name", "algorithm", "status", "step", "latest reward", "age"]
+    page["items"][0]["alarms"] = ["length_hacking", "kl_growth"]
+    frame = frames.jobs_frame(page, NOW, selected=1)
+    columns = ["sel", "id", "name", "algorithm", "status", "health", "step", "latest reward", "age"]
+    assert list(frame.columns) == columns
     assert frame.values.tolist() == [
-        [2, "b", "ppo", "running", "3/10", "+0.5000", "5 min"],
-        [1, "a", "reinforce", "queued", "0/4", "", "2 d"],  # a job without the field is REINFORCE
+        ["", 2, "b", "ppo", "running", "⚠ length hacking, KL growth", "3/10", "+0.5000", "5 min"],
+        ["▶", 1, "a", "reinforce", "queued", "", "0/4", "", "2 d"],  # a job without the field is REINFORCE
     ]
     assert frames.jobs_frame({"items": []}).empty
     assert frames.age("2026-11-22T18:59:58", NOW) == "2 s"  # naive times are UTC
@@ -69,7 +71,6 @@ def test_metrics_frame_is_long_format_sorted_and_typed():
     assert sorted(set(timers["series"])) == ["generate", "train"]
     empty = frames.metrics_frame({"metrics": {}}, ["train_rollouts/rewards"])
     assert empty.empty and str(empty["value"].dtype) == "float64"
-    assert frames.plot_value(empty) is None and frames.plot_value(frame) is frame
 
 
 def test_compare_frame_labels_each_job():
@@ -94,30 +95,6 @@ PPO_BODY = {
         "timers/critic_train": [[1, 0.08]],
     },
 }
-
-
-def test_a_ppo_job_page_shows_the_critic_charts_beside_reward_kl_and_loss():
-    charts = {title: (frame, shown) for title, frame, shown in frames.job_charts({"algorithm": "ppo"}, PPO_BODY)}
-    assert list(charts) == [t for t, _n, _y in frames.CHARTS] + ["Critic loss", "Value estimates", "Clip fraction",
-                                                             "Entropy"]  # fmt: skip
-    assert all(shown for _frame, shown in charts.values())
-    for title, name, values in [
-        ("Critic loss", "train_optim/critic_loss", [0.9, 0.6]),
-        ("Value estimates", "train_rollouts/values", [-0.2, 0.05]),
-        ("Clip fraction", "train_optim/clip_fraction", [0.0, 0.125]),
-        ("Entropy", "train_optim/entropy", [5.5, 5.4]),
-        ("Reward", "train_rollouts/rewards", [0.1, 0.3]),
-        ("KL to the initial policy", "train_rollouts/init_policy_kl", [0.0, 0.01]),
-        ("Loss", "train_optim/loss", [0.5, 0.4]),
-    ]:
-        frame = charts[title][0]
-        assert frame["series"].unique().tolist() == [name] and frame["value"].tolist() == values, title
-    assert set(frames.timers_frame(PPO_BODY)["series"]) == {"critic_infer", "critic_train"} <= set(frames.TIMER_PHASES)
-
-    reinforce = frames.job_charts({"algorithm": "reinforce"}, {"metrics": {"train_rollouts/rewards": [[1, 0.1]]}})
-    assert [shown for _t, _f, shown in reinforce] == [True] * len(frames.CHARTS) + [False] * len(frames.PPO_CHARTS)
-    assert "(PPO)" in frames.job_summary({"id": 3, "name": "p", "status": "running", "step": 2, "max_steps": 9,
-                                      "algorithm": "ppo"})  # fmt: skip
 
 
 def test_compare_works_across_algorithms():
@@ -165,9 +142,8 @@ def test_parse_sse_and_event_log_keep_status_checkpoint_and_log_events():
     )
     events = api.parse_sse(text)
     assert [(e["id"], e["kind"]) for e in events] == [(1, "status"), (2, "metrics"), (3, "checkpoint")]
-    log = frames.event_log(events)
-    assert "#1 status" in log and "#3 checkpoint" in log and "metrics" not in log
-    assert frames.event_log([]) == "(no events yet)"
+    assert job_view.event_log(events).splitlines() == ["step 2: checkpoint saved", "queued"]  # newest first
+    assert job_view.event_log([]) == "(no events yet)"
 
 
 def test_trainer_events_show_their_level_and_a_server_wait_shows_under_the_status():
@@ -179,10 +155,10 @@ def test_trainer_events_show_their_level_and_a_server_wait_shows_under_the_statu
         {"id": 1, "kind": "status", "data": {"status": "running"}},
         {"id": 2, "kind": "log", "data": waiting},
     ]
-    assert frames.event_log(events).splitlines()[1] == f"#2 log [warning] step 3: {waiting['message']}"
+    assert job_view.event_log(events).splitlines()[0] == f"step 3: warning: {waiting['message']}"
     job = {"id": 4, "name": "j", "status": "running", "step": 3, "max_steps": 9}
-    assert f"**waiting** `{waiting['message']}`" in frames.job_summary(job, 3, events)
-    assert "waiting" not in frames.job_summary({**job, "status": "failed"}, 3, events)
+    assert f"**waiting** `{waiting['message']}`" in job_view.run_summary(job, {}, events)
+    assert "waiting" not in job_view.run_summary({**job, "status": "failed"}, {}, events)
     for later in ({"id": 3, "kind": "log", "data": back}, {"id": 3, "kind": "status", "data": {"status": "failed"}}):
         assert frames.server_waiting([*events, later]) is None
     critic = {"id": 3, "kind": "log", "data": {**waiting, "server": "critic", "message": "waiting for critic x"}}
@@ -540,7 +516,7 @@ def test_the_timers_refreshes_follow_the_jobs_refresh_that_drops_a_rejected_toke
     assert followers == {"refresh_job_page", "refresh_samples", "refresh_follow", "refresh_compare"}
     compare = next(fn.fn for fn in fns if fn.trigger_after == on_tick[0]._id and fn.name == "refresh_compare")
     # a hidden tab's refresh asks nothing of the API (an unreachable one here) and redraws nothing
-    assert compare("job", "token", "1, 2", "train_rollouts/rewards") == [gr.skip(), gr.skip()]
+    assert compare("job", "token", [1, 2], "train_rollouts/rewards", None, None, None) == [gr.skip()] * 8
 
 
 def test_a_preset_fills_the_form_naming_datasets_by_their_ids(tmp_path):

@@ -93,10 +93,9 @@ def test_dashboard_signs_in_submits_follows_and_cancels(stack, tmp_path, tiny_po
         page.get_by_role("tab", name="Job page").click()
         wait_text(page, "job-summary", f"Job {first}: ui tiny", 30)
         wait_text(page, "job-summary", "succeeded", 180)
-        wait_text(page, "job-summary", "metrics logged for 4 steps", 30)
-        wait_text(page, "event-log", "checkpoint", 30)
-        reward_plot = page.locator("#plot-0")
-        reward_plot.locator("canvas, svg").first.wait_for(timeout=30_000)  # a chart, not the empty icon
+        wait_text(page, "job-summary", "step 4/4", 30)
+        wait_text(page, "event-log", "step 4: checkpoint saved", 30)
+        page.locator("#plot-0 .scatterlayer .points path").first.wait_for(timeout=30_000)  # a chart with markers
         assert "step_000004" in text(page, "checkpoints")
         time.sleep(1.5)  # let the charts finish drawing
         page.screenshot(path=ARTIFACTS / "ui-job-page.png", full_page=True)
@@ -105,7 +104,10 @@ def test_dashboard_signs_in_submits_follows_and_cancels(stack, tmp_path, tiny_po
 
         page.get_by_role("tab", name="Samples").click()
         wait_text(page, "samples-info", "samples match", 30)
-        assert "the cat" in text(page, "samples-table") or "the sea" in text(page, "samples-table")
+        deadline = time.monotonic() + 30  # the info line may still be that of the job when it was submitted
+        while not ("the cat" in text(page, "samples-table") or "the sea" in text(page, "samples-table")):
+            assert time.monotonic() < deadline, text(page, "samples-table")
+            time.sleep(0.5)
         page.locator("#s-split").get_by_role("radio", name="validation").check()
         wait_text(page, "samples-table", "validation", 30)
         # One validation prompt followed across steps: a row per validation (steps 0, 2 and 4).
@@ -128,12 +130,16 @@ def test_dashboard_signs_in_submits_follows_and_cancels(stack, tmp_path, tiny_po
         page.get_by_role("tab", name="Jobs").click()
         wait_text(page, "jobs-table", "running", 120)
         page.click("#cancel")
+        wait_text(page, "confirm-msg", f"Cancel job {second}", 30)
+        page.click("#confirm-cancel")
         wait_text(page, "action-msg", f"Job {second}: cancel", 30)
         wait_text(page, "jobs-table", "cancelled", 120)
         page.screenshot(path=ARTIFACTS / "ui-jobs.png", full_page=True)
 
         page.get_by_role("tab", name="Compare").click()
-        fill(page, "c-jobs", f"{first}, {second}")
-        page.locator("#c-jobs input, #c-jobs textarea").first.press("Enter")
-        page.locator("#plot-compare").locator("canvas, svg").first.wait_for(timeout=30_000)
+        wait_text(page, "c-msg", "of your 2 jobs", 30)
+        page.click("#c-add")  # the selected job (the second)
+        choose(page, "c-jobs", f"{first}: ui tiny")
+        page.locator("#plot-compare .scatterlayer .points path").first.wait_for(timeout=30_000)
+        wait_text(page, "c-diff", "trainer.max_steps", 30)
         page.screenshot(path=ARTIFACTS / "ui-compare.png", full_page=True)

@@ -7,8 +7,9 @@ token lives in the browser session's state (a reload asks for it again) and goes
 `Authorization: Bearer TOKEN`. A token the API rejects (401) is dropped at once ("token rejected: sign in again")
 rather than sent again on every refresh: failed sign-ins from one address are throttled (429). Tabs:
 
-- Jobs: your jobs (id, name, algorithm, status, step / max_steps, latest reward, age), refreshed every few seconds;
-  cancel, resume or retry the selected job (click a row, or type its id).
+- Jobs: your jobs (the selected one marked, status, health alarms, step / max_steps, latest reward, age), refreshed
+  every few seconds; cancel (after a confirmation), resume or retry the selected job, each enabled only when it
+  applies to its status (click a row, or type its id).
 - New job: drop-downs filled from the catalogue at sign-in (and by Refresh lists): the policy (and a tokenizer), the
   train and validation datasets (yours and the shared ones; a JSONL file uploaded from the form is picked at once),
   the reward (a reward function with its JSON arguments and the help of a built-in's parameters, a reward model or a
@@ -18,21 +19,27 @@ rather than sent again on every refresh: failed sign-ins from one address are th
   reward" scores a few prompts' samples with the form's config (POST /rewards/try: groups, spread, length
   correlation, warnings); "Check (dry run)" lists the API's preflight checks and the estimated step time. The job
   names catalogue entries, never paths; an API error shows under the one field it names, until that field changes.
-- Job page: live line charts of GET /jobs/{id}/metrics (a PPO job's critic loss, value estimates, clip fraction and
-  entropy too), status, the event log (a PPO job's critic server starting and stopping) and the checkpoints.
+- Job page: the run's summary (best validation, change in reward, speed, time left, alarms), plotly charts of
+  GET /jobs/{id}/metrics (those with data; integer steps, one x range, smoothing, log scale for KL and losses), the
+  event log in words and the checkpoints (a row selected: its zip). It follows the job's event stream and redraws
+  only when new events came.
 - Samples: the generations filtered by step, split and reward range (blank: no bound), readable (chat markup
   stripped, numbers rounded) with a prompt's rollouts together and their group's mean reward, or one row per group;
   one validation prompt followed across steps, two steps' answers shown with a word diff.
-- Compare: one metric of several jobs on one chart, whatever their algorithms (the same names mean the same).
+- Compare: jobs picked from your list; one metric of each on one chart, whatever their algorithms, their config
+  differences, a warning when their rewards are on different scales, and their answers to one validation prompt at
+  one step side by side.
 - Catalogue (admins only, GET /me): the models, reward functions and servers jobs may use, and the datasets the
   admin sees; register or remove an entry, share or unshare a dataset. The API's refusals are shown as it gives
   them (message and each field's reason).
 
 Everything shown is fetched from the API, so a reload loses nothing but the token. Modules: `api` (the REST client),
 `frames` (API JSON -> pandas DataFrames and text), `form` (the New job form: defaults, presets, form -> job body,
-422 errors -> fields), `catalogue` (drop-down choices and labels, the Catalogue tab's tables and actions), all
-tested without a browser; `tabs` (the header and the Jobs, Job page, Compare and Catalogue tabs: Gradio layout and
-handlers), `new_job` (the New job tab) and `samples` (the Samples tab, its tables and diff tested without a browser).
+422 errors -> fields), `catalogue` (drop-down choices and labels, the Catalogue tab's tables and actions), `job_view`
+(the Job page's summary and event log, the actions that apply, Compare's differences), `charts` (plotly figures),
+all tested without a browser; `tabs` (the session, the sign-in header and the Catalogue tab), `jobs_tab`,
+`job_page`, `compare`, `new_job` and `samples` (the Gradio layout of those tabs and the handlers they wire; the
+Samples tab's tables and diff are tested without a browser).
 """
 
 from __future__ import annotations
@@ -49,17 +56,17 @@ def build_app(api_url: str, data_dir: Path | None = None):
     # Gradio loads here, not at import: the helper modules and their tests do without it.
     import gradio as gr
 
-    from webapp.ui import new_job, samples, tabs
+    from webapp.ui import compare, job_page, jobs_tab, new_job, samples, tabs
     from webapp.ui.form import presets
 
     with gr.Blocks(title="Aligner") as app:
         session, sign_in = tabs.header(api_url)
         with gr.Tabs():
-            jobs_table = tabs.jobs_tab(session)
+            jobs_table = jobs_tab.jobs_tab(session)
             new_job.new_job_tab(session, presets(data_dir))
-            tabs.job_page_tab(session)
+            job_page.job_page_tab(session)
             samples.samples_tab(session)
-            tabs.compare_tab(session)
+            compare.compare_tab(session)
             tabs.catalogue_tab(session)
         tabs.wire_sign_in(session, sign_in, jobs_table)
     return app

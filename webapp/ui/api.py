@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -86,10 +87,18 @@ class Api:
                 break
         return items
 
-    def events(self, job_id: int, batches: int = 20) -> list[dict]:
-        """The job's events so far (the SSE stream read with timeout=0, 500 events a batch)."""
+    def download(self, path: str, target: Path) -> Path:
+        """A file the API sends (a zip), written to `target`."""
+        response = self.request("GET", path, stream=True)
+        with target.open("wb") as f:
+            for chunk in response.iter_content(1 << 20):
+                f.write(chunk)
+        return target
+
+    def events(self, job_id: int, after: int = 0, batches: int = 20) -> list[dict]:
+        """The job's events after event id `after` (the SSE stream read with timeout=0, 500 events a batch)."""
         events: list[dict] = []
-        last = 0
+        last = after
         for _ in range(batches):
             text = self.request("GET", f"/jobs/{job_id}/events", params={"timeout": 0, "last_event_id": last}).text
             batch = parse_sse(text)

@@ -3,41 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 
 import pandas as pd
 
-# Charts of the job page: (title, metric names, y title). Several names share a chart, one colour each.
-CHARTS: list[tuple[str, list[str], str]] = [
-    ("Reward", ["train_rollouts/rewards", "val/rewards"], "reward"),
-    ("Reward with KL penalty", ["train_rollouts/rewards_with_kl"], "reward - beta KL"),
-    ("KL to the initial policy", ["train_rollouts/init_policy_kl"], "KL"),
-    ("Loss", ["train_optim/loss"], "loss"),
-    ("Grad norm", ["train_optim/grad_norm"], "grad norm"),
-    ("Response length", ["train_rollouts/response_lengths", "val/response_lengths"], "tokens"),
-    (
-        "Fraction properly ended",
-        ["train_rollouts/fraction_of_samples_properly_ended", "val/fraction_of_samples_properly_ended"],
-        "fraction",
-    ),
-]
-# A PPO job's charts, beside the ones above (aligner/trainers/ppo.py logs the shared metrics under the same names).
-PPO_CHARTS: list[tuple[str, list[str], str]] = [
-    ("Critic loss", ["train_optim/critic_loss"], "loss"),
-    ("Value estimates", ["train_rollouts/values"], "value"),
-    ("Clip fraction", ["train_optim/clip_fraction"], "fraction"),
-    ("Entropy", ["train_optim/entropy"], "nats per token"),
-]
 TIMERS_PREFIX = "timers/"
 TIMER_PHASES = ["generate", "logprobs", "init_logprobs", "reward", "critic_infer", "train", "critic_train", "validate"]
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
-
-
-def color_map(names: list[str]) -> dict[str, str]:
-    """Fixed colours for a chart's series: Gradio 6.31 keeps the series of a plot's first data, so name them all."""
-    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
-
-
 COMPARE_METRICS = [
     "train_rollouts/rewards",
     "train_rollouts/rewards_with_kl",
@@ -52,9 +22,20 @@ COMPARE_METRICS = [
     "train_optim/critic_loss",
     "train_optim/clip_fraction",
     "train_optim/entropy",
+    "train_rollouts/reward_length_corr",
+    "train_rollouts/frac_zero_std_groups",
 ]
-JOB_COLUMNS = ["id", "name", "algorithm", "status", "step", "latest reward", "age"]
-EVENT_KINDS_SHOWN = ("status", "checkpoint", "log")  # metrics and samples events are what the charts show
+JOB_COLUMNS = ["sel", "id", "name", "algorithm", "status", "health", "step", "latest reward", "age"]
+# The health alarms (GET /jobs `alarms`, `health` events) in words.
+ALARM_WORDS = {
+    "validation_divergence": "validation divergence",
+    "length_hacking": "length hacking",
+    "kl_growth": "KL growth",
+    "zero_spread": "zero reward spread",
+    "nonfinite": "non-finite values",
+    "ending_collapse": "ending collapse",
+}
+SELECTED = "▶"  # the selected job's row (a table refresh clears Gradio's own highlight)
 
 
 def age(created_at: str | None, now: dt.datetime | None = None) -> str:
@@ -71,17 +52,26 @@ def age(created_at: str | None, now: dt.datetime | None = None) -> str:
     return f"{seconds} s"
 
 
-def jobs_frame(page: dict, now: dt.datetime | None = None) -> pd.DataFrame:
-    """GET /jobs -> one row per job: id, name, algorithm, status, step (as step/max_steps), latest reward, age."""
+def alarm_words(name: str) -> str:
+    """`length_hacking` -> "length hacking"."""
+    return ALARM_WORDS.get(name, name.replace("_", " "))
+
+
+def jobs_frame(page: dict, now: dt.datetime | None = None, selected: int | None = None) -> pd.DataFrame:
+    """GET /jobs -> one row per job: a marker on the `selected` one, id, name, algorithm, status, firing health
+    alarms, step (as step/max_steps), latest reward, age."""
     rows = []
     for job in page.get("items", []):
         reward = job.get("latest_reward")
+        alarms = ", ".join(alarm_words(str(a)) for a in job.get("alarms") or [])
         rows.append(
             [
+                SELECTED if selected is not None and job["id"] == selected else "",
                 job["id"],
                 job["name"],
                 job.get("algorithm") or job.get("kind") or "reinforce",
                 job["status"],
+                f"⚠ {alarms}" if alarms else "",
                 f"{job.get('step', 0)}/{job.get('max_steps', '?')}",
                 "" if reward is None else f"{reward:+.4f}",
                 age(job.get("created_at"), now),
@@ -115,21 +105,6 @@ def timers_frame(body: dict) -> pd.DataFrame:
     return metrics_frame(body, names, strip_prefix=TIMERS_PREFIX)
 
 
-def job_charts(job: dict, body: dict) -> list[tuple[str, pd.DataFrame, bool]]:
-    """(title, data, shown) of every chart of the job page, CHARTS then PPO_CHARTS: the PPO ones are shown for a PPO
-    job (or any job that logged their metrics)."""
-    metrics = body.get("metrics", {}) if isinstance(body, dict) else {}
-    ppo_metrics = {name for _title, names, _y in PPO_CHARTS for name in names}
-    is_ppo = job.get("algorithm") == "ppo" or bool(ppo_metrics & set(metrics))
-    charts = [(title, metrics_frame(body, names), True) for title, names, _y in CHARTS]
-    return charts + [(title, metrics_frame(body, names), is_ppo) for title, names, _y in PPO_CHARTS]
-
-
-def plot_value(frame: pd.DataFrame) -> pd.DataFrame | None:
-    """What a gr.LinePlot gets: None rather than an empty frame (one that drew nothing stays blank in Gradio 6.31)."""
-    return frame if len(frame) else None
-
-
 def compare_frame(bodies: dict[str, dict], metric: str) -> pd.DataFrame:
     """{label: GET /jobs/{id}/metrics body} -> one metric of each job: step, value, series (= the label)."""
     frames = []
@@ -147,24 +122,6 @@ def checkpoints_frame(body: dict) -> pd.DataFrame:
     )
 
 
-def job_summary(job: dict, num_steps_logged: int = 0, events: list[dict] | None = None) -> str:
-    """The job page's header; a running job waiting for its reward or critic server says so under its status."""
-    reward = job.get("latest_reward")
-    algorithm = job.get("algorithm") or "reinforce"
-    lines = [
-        f"### Job {job['id']}: {job['name']} ({'PPO' if algorithm == 'ppo' else 'REINFORCE'})",
-        f"**status** `{job['status']}` · **step** {job['step']}/{job['max_steps']}"
-        + ("" if reward is None else f" · **latest reward** {reward:+.4f}")
-        + f" · **attempts** {job.get('attempts', 0)} · **metrics logged for** {num_steps_logged} steps",
-    ]
-    waiting = server_waiting(events or []) if job["status"] == "running" else None
-    if waiting:
-        lines.append("**waiting** `" + waiting.replace("`", "'") + "`")
-    if job.get("error"):
-        lines.append(f"**error**\n```\n{job['error']}\n```")
-    return "\n\n".join(lines)
-
-
 def server_waiting(events: list[dict]) -> str | None:
     """The newest "waiting for reward/critic server ..." event (aligner/trainers/reinforce.py `_server_wait`) that no
     "is back" (or failure) of that server, nor a status change of the job, has followed: its message, or None."""
@@ -179,17 +136,3 @@ def server_waiting(events: list[dict]) -> str | None:
             if data["wait"] == "waiting":
                 waiting[server] = str(data.get("message", ""))
     return list(waiting.values())[-1] if waiting else None
-
-
-def event_log(events: list[dict], last: int = 100) -> str:
-    """One line an event: `#12 log [warning] step 3: message` for the trainer's events, else the event's data."""
-    lines = []
-    for event in [e for e in events if e["kind"] in EVENT_KINDS_SHOWN][-last:]:
-        data = event["data"]
-        if event["kind"] == "log" and isinstance(data, dict) and "message" in data:
-            step = f" step {data['step']}" if "step" in data else ""
-            lines.append(f"#{event['id']} log [{data.get('level', 'info')}]{step}: {data['message']}")
-            continue
-        text = json.dumps(data, separators=(", ", ": ")) if not isinstance(data, str) else data
-        lines.append(f"#{event['id']} {event['kind']}: {text}")
-    return "\n".join(lines) or "(no events yet)"

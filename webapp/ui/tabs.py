@@ -13,29 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
-import pandas as pd
 
 from webapp.ui import catalogue
 from webapp.ui.api import REJECTED, Api, ApiError
-from webapp.ui.frames import (
-    CHARTS,
-    COMPARE_METRICS,
-    JOB_COLUMNS,
-    PPO_CHARTS,
-    TIMER_PHASES,
-    checkpoints_frame,
-    color_map,
-    compare_frame,
-    event_log,
-    job_charts,
-    job_summary,
-    jobs_frame,
-    plot_value,
-    timers_frame,
-)
+from webapp.ui.frames import jobs_frame
 
 REFRESH_S = 2.0
-EMPTY_PLOT = None  # an empty frame as a plot's first value keeps its later data from drawing (Gradio 6.31)
 SIGNED_OUT = f"Signed out ({REJECTED})."
 
 
@@ -70,23 +53,24 @@ class Session:
     def unchanged() -> list:
         return [gr.update(), gr.update()]
 
-    def sign_in(self, token: str) -> list:
+    def sign_in(self, token: str, selected=None) -> list:
         """[token, sign-in line, Jobs table]: the token kept when the API knows it (GET /me)."""
         token = (token or "").strip()
         try:
             me = Api(self.api_url, token).get("/me")
-            table = jobs_frame(Api(self.api_url, token).get("/jobs", per_page=100))
+            table = jobs_frame(Api(self.api_url, token).get("/jobs", per_page=100), selected=job_id_of(selected))
         except ApiError as err:
             return ["", f"Sign-in failed: {err.message}", gr.update()]
         return [token, f"Signed in as **{me['name']}**{' (admin)' if me['is_admin'] else ''}.", table]
 
-    def refresh_jobs(self, token: str) -> list:
-        """[Jobs table, token, sign-in line]: the table's new value, no change when signed out or the API fails; a
-        rejected token is dropped."""
+    def refresh_jobs(self, token: str, selected=None) -> list:
+        """[Jobs table, token, sign-in line]: the table's new value (the `selected` job marked), no change when
+        signed out or the API fails; a rejected token is dropped."""
         if not token:
             return [gr.update(), *self.unchanged()]
         try:
-            return [jobs_frame(self.api(token).get("/jobs", per_page=100)), *self.unchanged()]
+            page = self.api(token).get("/jobs", per_page=100)
+            return [jobs_frame(page, selected=job_id_of(selected)), *self.unchanged()]
         except ApiError as err:
             return [gr.update(), *(self.signed_out() if err.rejected else self.unchanged())]
 
@@ -152,156 +136,10 @@ def wire_sign_in(session: Session, sign_in: SignIn, jobs_table: gr.Dataframe) ->
     """Signing in checks the token against the API, keeps it in the session and fills the Jobs table (the tabs that
     depend on who is signed in follow the token's changes)."""
     outputs = [session.token, sign_in.message, jobs_table]
-    sign_in.button.click(session.sign_in, [sign_in.token_box], outputs)
-    sign_in.token_box.submit(session.sign_in, [sign_in.token_box], outputs)
+    sign_in.button.click(session.sign_in, [sign_in.token_box, session.job_id], outputs)
+    sign_in.token_box.submit(session.sign_in, [sign_in.token_box, session.job_id], outputs)
 
 
-def jobs_tab(session: Session) -> gr.Dataframe:
-    """Your jobs, refreshed on the timer; a click on a row selects the job; cancel, resume or retry it. Returns the
-    table (signing in fills it)."""
-    with gr.Tab("Jobs", id="jobs") as tab:
-        jobs_table = gr.Dataframe(
-            value=pd.DataFrame(columns=JOB_COLUMNS),
-            interactive=False,
-            elem_id="jobs-table",
-            label="Your jobs (click a row to select it)",
-        )
-        with gr.Row():
-            cancel_btn = gr.Button("Cancel", elem_id="cancel", variant="stop")
-            resume_btn = gr.Button("Resume", elem_id="resume")
-            retry_btn = gr.Button("Retry", elem_id="retry")
-        action_msg = gr.Markdown(elem_id="action-msg")
-
-    def select_row(table: pd.DataFrame, evt: gr.SelectData):
-        row = evt.index[0] if isinstance(evt.index, list | tuple) else evt.index
-        try:
-            return int(table.iloc[row]["id"])
-        except (IndexError, KeyError, ValueError, TypeError):
-            return gr.update()
-
-    def action(kind: str):
-        def run(token: str, selected):
-            jid = job_id_of(selected)
-            if jid is None:
-                return ["Select a job first.", gr.update(), *session.unchanged()]
-            try:
-                job = session.api(token).post(f"/jobs/{jid}/{kind}")
-            except ApiError as err:
-                dropped = session.signed_out() if err.rejected and token else session.unchanged()
-                return [f"{kind} job {jid}: {err.message}", gr.update(), *dropped]
-            return [f"Job {jid}: {kind} -> **{job['status']}**", session.refresh_jobs(token)[0], *session.unchanged()]
-
-        return run
-
-    session.ticked = session.timer.tick(
-        session.refresh_jobs, [session.token], [jobs_table, *session.auth_outputs], show_progress="hidden"
-    )
-    session.follow_tab(tab, "jobs")
-    jobs_table.select(select_row, [jobs_table], [session.job_id])
-    for button, kind in ((cancel_btn, "cancel"), (resume_btn, "resume"), (retry_btn, "retry")):
-        outputs = [action_msg, jobs_table, *session.auth_outputs]
-        button.click(action(kind), [session.token, session.job_id], outputs)
-    return jobs_table
-
-
-def _line_plot(title: str, y_title: str, elem_id: str, names: list[str], visible: bool = True) -> gr.LinePlot:
-    return gr.LinePlot(
-        EMPTY_PLOT,
-        x="step",
-        y="value",
-        color="series",
-        title=title,
-        y_title=y_title,
-        elem_id=elem_id,
-        color_map=color_map(names),
-        height=260,
-        min_width=360,
-        visible=visible,
-    )
-
-
-def job_page_tab(session: Session) -> None:
-    """The selected job: summary, metric charts (PPO's too for a PPO job), time per step, event log, checkpoints."""
-    with gr.Tab("Job page", id="job") as tab:
-        summary = gr.Markdown("Select a job.", elem_id="job-summary")
-        with gr.Row():
-            # PPO's charts appear for a PPO job
-            plots = [
-                _line_plot(title, y_title, f"plot-{i}", names, visible=i < len(CHARTS))
-                for i, (title, names, y_title) in enumerate(CHARTS + PPO_CHARTS)
-            ]
-            timers_plot = _line_plot("Time per step", "seconds", "plot-timers", TIMER_PHASES)
-        with gr.Row():
-            events_box = gr.Textbox(label="Event log", lines=10, max_lines=20, elem_id="event-log")
-            checkpoints = gr.Dataframe(
-                value=checkpoints_frame({}), interactive=False, label="Checkpoints", elem_id="checkpoints"
-            )
-
-    def refresh_job_page(token: str, selected):
-        jid = job_id_of(selected)
-        nothing = [gr.update()] * (len(plots) + 4)
-        if not token or jid is None:
-            return nothing
-        try:
-            api = session.api(token)
-            job = api.get(f"/jobs/{jid}")
-            body = api.get(f"/jobs/{jid}/metrics")
-            events = api.events(jid)
-            ckpts = api.get(f"/jobs/{jid}/checkpoints")
-        except ApiError as err:
-            return [f"Job {jid}: {err.message}", *([gr.update()] * (len(plots) + 3))]
-        steps = {s for name, points in body["metrics"].items() if name.startswith("train_") for s, _ in points}
-        frames = [gr.update(value=plot_value(frame), visible=shown) for _t, frame, shown in job_charts(job, body)]
-        return [
-            job_summary(job, len(steps), events),
-            *frames,
-            plot_value(timers_frame(body)),
-            event_log(events),
-            checkpoints_frame(ckpts),
-        ]
-
-    page_outputs = [summary, *plots, timers_plot, events_box, checkpoints]
-    session.every_tick(refresh_job_page, [session.token, session.job_id], page_outputs, tab="job")
-    session.follow_tab(tab, "job", refresh_job_page, [session.token, session.job_id], page_outputs)
-    session.job_id.change(refresh_job_page, [session.token, session.job_id], page_outputs, show_progress="hidden")
-
-
-def compare_tab(session: Session) -> None:
-    """One metric of several jobs (ids typed in) on one chart."""
-    with gr.Tab("Compare", id="compare") as tab:
-        with gr.Row():
-            c_jobs = gr.Textbox(label="Job ids (comma-separated)", elem_id="c-jobs")
-            c_metric = gr.Dropdown(
-                COMPARE_METRICS,
-                value=COMPARE_METRICS[0],
-                label="Metric",
-                allow_custom_value=True,
-                elem_id="c-metric",
-            )
-        c_plot = gr.LinePlot(
-            EMPTY_PLOT, x="step", y="value", color="series", title="Compare", elem_id="plot-compare", height=360
-        )
-        c_msg = gr.Markdown(elem_id="c-msg")
-
-    def refresh_compare(token: str, ids: str, metric: str):
-        wanted = [int(x) for x in (ids or "").replace(" ", ",").split(",") if x.strip().isdigit()]
-        if not token or not wanted or not metric:
-            return gr.update(), gr.update()
-        bodies, problems = {}, []
-        api = session.api(token)
-        for jid in wanted:
-            try:
-                job = api.get(f"/jobs/{jid}")
-                label = f"{jid}: {job['name']} ({job.get('algorithm', 'reinforce')})"
-                bodies[label] = api.get(f"/jobs/{jid}/metrics", name=metric)
-            except ApiError as err:
-                problems.append(f"job {jid}: {err.message}")
-        return plot_value(compare_frame(bodies, metric)), "; ".join(problems)
-
-    session.every_tick(refresh_compare, [session.token, c_jobs, c_metric], [c_plot, c_msg], tab="compare")
-    session.follow_tab(tab, "compare", refresh_compare, [session.token, c_jobs, c_metric], [c_plot, c_msg])
-    for trigger in (c_jobs.submit, c_metric.change):
-        trigger(refresh_compare, [session.token, c_jobs, c_metric], [c_plot, c_msg], show_progress="hidden")
 
 
 def catalogue_action(session: Session, action: Callable[..., str], token: str, *args) -> list:

@@ -1,0 +1,240 @@
+"""The Job page, the Jobs tab's actions and Compare without a browser: plotly figures, the run's summary, the event log
+in words, which actions apply, config differences and the reward-scale warning, from hand-made API JSON."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pandas as pd
+import pytest
+
+from webapp.ui import charts, job_view
+from webapp.ui.frames import series_frame
+from webapp.ui.job_page import load
+from webapp.ui.jobs_tab import selected_status
+
+NOW = dt.datetime(2026, 11, 22, 19, 0, 0, tzinfo=dt.UTC)
+
+
+def frame(points: dict[str, list[tuple[int, float]]]) -> pd.DataFrame:
+    return series_frame([(s, v, name) for name, values in points.items() for s, v in values])
+
+
+def test_ema_worked_by_hand():
+    assert charts.ema([1.0, 0.0, 0.0], 0.5) == [1.0, 0.5, 0.25]
+    assert charts.ema([2.0, 4.0, 4.0], 0.75) == [2.0, 2.5, 2.875]
+    assert charts.ema([3.0, 1.0], 0.0) == [3.0, 1.0]
+
+
+def test_a_chart_has_integer_step_ticks_markers_a_title_and_rounded_hover():
+    fig = charts.line_chart(frame({"train": [(0, 0.1), (1, 0.2), (2, 0.4)]}), "Reward", "reward", x_range=(0, 4))
+    axis = fig.layout.xaxis
+    assert axis.tickformat == "d" and axis.dtick == 1 and axis.tick0 == 0  # ticks 0, 1, 2, ...: never 0.5
+    assert axis.range[0] < 0 and 4 < axis.range[1] < 4.5  # the caller's range, markers drawn whole
+    assert fig.layout.title.text == "Reward" and fig.layout.yaxis.title.text == "reward"
+    (trace,) = fig.data
+    assert trace.mode == "lines+markers" and list(trace.x) == [0, 1, 2]
+    assert "%{y:.4g}" in trace.hovertemplate and "%{x:d}" in trace.hovertemplate
+    assert [charts.step_dtick(n) for n in (1, 4, 10, 11, 40, 5000)] == [1, 1, 1, 2, 5, 500]
+
+
+def test_smoothing_draws_the_raw_points_faint_and_the_ema_solid():
+    fig = charts.line_chart(frame({"train": [(1, 1.0), (2, 0.0), (3, 0.0)]}), "Reward", "reward", smoothing=0.5)
+    raw, smooth = fig.data
+    assert raw.opacity == 0.3 and not raw.showlegend and list(raw.y) == [1.0, 0.0, 0.0]
+    assert smooth.opacity is None and list(smooth.y) == [1.0, 0.5, 0.25] and smooth.name == "train"
+
+
+def test_log_scale_when_asked_and_every_value_is_positive():
+    positive = frame({"train": [(1, 0.01), (2, 0.1)]})
+    assert charts.line_chart(positive, "KL", "KL", log_y=True).layout.yaxis.type == "log"
+    assert charts.line_chart(positive, "KL", "KL").layout.yaxis.type == "linear"
+    signed = charts.line_chart(frame({"train": [(1, 0.0), (2, -0.1)]}), "KL", "KL", log_y=True)
+    assert signed.layout.yaxis.type == "linear" and "values ≤ 0" in signed.layout.title.text
+
+
+def test_charts_share_the_jobs_x_range():
+    assert charts.x_extent(100, 7, active=True) == (0.0, 100.0)  # a running job: its whole length
+    assert charts.x_extent(100, 7, active=False) == (0.0, 7.0)  # a finished one: what it did
+    assert charts.x_extent(100, None, active=False) == (0.0, 100.0)
+
+
+BODY = {
+    "metrics": {
+        "train_rollouts/rewards": [[s, 0.1 * s] for s in range(1, 13)],  # first 5: mean 0.3, last 5: mean 1.0
+        "val/rewards": [[0, 0.05], [4, 0.6], [8, 0.6], [12, 0.5]],
+        "val/extra_rewards/rule": [[0, 0.0], [4, 1.0]],
+        "train_rollouts/init_policy_kl": [[11, 0.02], [12, 0.03]],
+        "train_rollouts/reward_length_corr": [[1, 0.2]],
+        "train_rollouts/frac_zero_std_groups": [[1, 0.5]],
+        "timers/generate": [[11, 1.5], [12, 2.5]],
+        "timers/train": [[11, 0.5], [12, 0.5]],
+    }
+}
+JOB = {"id": 7, "name": "run", "status": "running", "step": 12, "max_steps": 100, "algorithm": "reinforce"}
+
+
+def test_job_charts_show_what_has_data_and_label_gold_rewards():
+    shown = {title: data for title, data, _y, _log in job_view.job_charts(BODY)}
+    assert list(shown) == ["Reward", "KL to the initial policy", "Reward-length correlation",
+                           "Groups with zero reward spread", "Time per step"]  # fmt: skip
+    assert list(dict.fromkeys(shown["Reward"]["series"])) == ["train", "validation", "gold: rule"]
+    logs = {title: log for title, _d, _y, log in job_view.job_charts(BODY)}
+    assert logs["KL to the initial policy"] and not logs["Reward"]
+    assert job_view.job_charts({"metrics": {}}) == []
+    ppo = {"metrics": {"train_optim/critic_loss": [[1, 0.9]], "train_rollouts/values": [[1, -0.2]]}}
+    assert [t for t, *_ in job_view.job_charts(ppo)] == ["Critic loss", "Value estimates"]
+
+
+def test_summary_numbers_from_hand_made_metrics():
+    assert job_view.best_validation(BODY) == (0.6, 4)  # the earliest of a tie
+    assert job_view.reward_change(BODY) == pytest.approx(1.0 - 0.3)
+    assert job_view.seconds_per_step(JOB, BODY) == pytest.approx((2.0 + 3.0) / 2)  # timers summed by step
+    started = {**JOB, "started_at": "2026-11-22T18:59:00+00:00"}
+    assert job_view.seconds_per_step(started, {"metrics": {}}, NOW) == pytest.approx(60 / 12)
+    summary = job_view.run_summary(JOB, BODY, [])
+    assert "best validation reward **0.6** (step 4)" in summary
+    assert "train reward change **+0.7**" in summary and "KL **0.03**" in summary
+    assert "**0.4** steps/s" in summary and "about **3 min 40 s** left" in summary  # 88 steps x 2.5 s
+    assert "left" not in job_view.run_summary({**JOB, "status": "succeeded"}, BODY, [])
+    assert job_view.duration(3900) == "1 h 5 min"
+
+
+def test_alarm_badges_come_from_the_job_and_its_health_events():
+    events = [
+        {"id": 1, "kind": "health", "data": {"alarm": "kl_growth", "state": "firing", "step": 3, "message": "KL x3"}},
+        {"id": 2, "kind": "health", "data": {"alarm": "kl_growth", "state": "cleared", "step": 5, "message": ""}},
+        {"id": 3, "kind": "health",
+         "data": {"alarm": "length_hacking", "state": "firing", "step": 6, "message": "longer, not better"}},
+    ]  # fmt: skip
+    badges = job_view.alarm_badges({**JOB, "alarms": ["length_hacking", "zero_spread"]}, events)
+    assert badges == ["⚠ length hacking: longer, not better", "⚠ zero reward spread"]
+    assert "`⚠ length hacking: longer, not better`" in job_view.run_summary({**JOB, "alarms": []}, BODY, events)
+
+
+def test_the_event_log_in_words():
+    traceback = "Traceback (most recent call last):\n  File x, line 1\nValueError: bad"
+    events = [
+        {"id": 1, "kind": "status", "data": {"status": "queued", "error": None, "step": 0}},
+        {"id": 2, "kind": "log", "data": {"message": "attempt 1 on worker-a: training from scratch", "command": []}},
+        {"id": 3, "kind": "log", "data": {"message": "critic server started at http://h:1 (log: x)"}},
+        {"id": 4, "kind": "metrics", "data": {"step": 1, "metrics": {}}},
+        {"id": 5, "kind": "checkpoint", "data": {"step": 40, "path": "/x"}},
+        {"id": 6, "kind": "health", "data": {"alarm": "length_hacking", "state": "firing", "step": 41,
+                                              "message": "length up, reward flat", "paused": True}},
+        {"id": 7, "kind": "log", "data": {"message": traceback, "level": "error", "step": 41}},
+        {"id": 8, "kind": "status", "data": {"status": "failed", "error": "trainer exited 1\n" + traceback}},
+    ]  # fmt: skip
+    assert job_view.event_log(events).splitlines() == [
+        "failed: trainer exited 1",
+        "step 41: error: Traceback (most recent call last): … ValueError: bad",
+        "step 41: health: length hacking — length up, reward flat (job paused)",
+        "step 40: checkpoint saved",
+        "critic server started at http://h:1 (log: x)",
+        "attempt 1 on worker-a: training from scratch",
+        "queued",
+    ]
+    assert "{" not in job_view.event_log(events)  # no JSON
+    cleared = {"id": 9, "kind": "health", "data": {"alarm": "kl_growth", "state": "cleared", "step": 50}}
+    assert job_view.describe_event(cleared) == "step 50: health: KL growth cleared"
+
+
+def test_an_empty_job_page_says_why():
+    assert "queued" in job_view.waiting_message({"status": "queued"})
+    assert "generating step 1" in job_view.waiting_message({"status": "running"})
+    failed = job_view.waiting_message({"status": "failed", "error": "cannot start the job: no GPU\nmore"})
+    assert failed == "The job failed before its first step: cannot start the job: no GPU"
+
+
+@pytest.mark.parametrize(
+    ("status", "has_checkpoint", "step", "enabled"),
+    [
+        ("queued", False, 0, {"cancel"}),
+        ("running", True, 3, {"cancel"}),
+        ("cancelling", True, 3, set()),
+        ("failed", True, 3, {"resume", "retry"}),
+        ("failed", False, 3, {"retry"}),
+        ("cancelled", True, 3, {"resume", "retry"}),
+        ("paused", True, 3, {"resume", "retry"}),
+        ("succeeded", True, 10, set()),  # every step done: nothing to resume
+        ("succeeded", True, 5, {"resume"}),
+    ],
+)
+def test_actions_enabled_per_status(status, has_checkpoint, step, enabled):
+    states = job_view.action_states({"status": status, "step": step, "max_steps": 10}, has_checkpoint)
+    assert {kind for kind, on in states.items() if on} == enabled
+    assert not any(job_view.action_states(None, True).values())
+
+
+def test_config_diff_lists_the_dotted_keys_that_differ():
+    a = {"trainer": {"lr": 0.001, "max_steps": 10}, "reward": {"function": "f"}, "name": "a", "run_dir": "/r/1"}
+    b = {"trainer": {"lr": 0.0003, "max_steps": 10}, "reward": {"function": "f", "function_args": {"k": 1}}}
+    diff = job_view.config_diff({"1: a": a, "2: b": b})
+    assert diff.columns.tolist() == ["key", "1: a", "2: b"]
+    assert diff.values.tolist() == [["name", "a", "—"], ["reward.function_args.k", "—", "1"],
+                                    ["trainer.lr", "0.001", "0.0003"]]  # fmt: skip
+
+
+def test_a_warning_when_rewards_are_on_different_scales():
+    def body(values):
+        return {"metrics": {"train_rollouts/rewards": [[i, v] for i, v in enumerate(values)]}}
+
+    same = {"a": {"reward": {"function": "f"}}, "b": {"reward": {"function": "f"}}}
+    assert job_view.scale_warning({"a": body([0, 1]), "b": body([0.2, 0.5])}, same) is None
+    wide = job_view.scale_warning({"a": body([0, 1]), "b": body([-20, 5])}, same)
+    assert wide and "more than 10x" in wide and "b: 25" in wide
+    sources = {"a": {"reward": {"function": "f"}}, "b": {"reward": {"server_url": "http://rm"}}}
+    assert "server http://rm" in job_view.scale_warning({"a": body([0, 1]), "b": body([0, 1])}, sources)
+
+
+def test_two_jobs_answers_side_by_side():
+    samples = {
+        "1: a": [{"prompt": "p", "response": "ra", "reward": 0.123456}, {"prompt": "q", "response": "x"}],
+        "2: b": [{"prompt": "q", "response": "y", "reward": None}, {"prompt": "p", "response": "rb", "reward": 1.0}],
+    }
+    assert job_view.common_prompts(samples) == ["p", "q"]
+    answers = job_view.answers_frame(samples, "p")
+    assert answers.columns.tolist() == ["", "1: a", "2: b"]
+    assert answers.values.tolist() == [["response", "ra", "rb"], ["reward", "0.1235", "1"]]
+    assert job_view.job_choice({"id": 12, "name": "n", "algorithm": "ppo", "status": "paused"}) == (
+        "12: n (ppo, paused)",
+        12,
+    )
+
+
+class FakeApi:
+    """The calls the Job page makes, and the events each stream read returns."""
+
+    def __init__(self, events: list[dict]):
+        self.all_events, self.calls = events, []
+
+    def events(self, jid: int, after: int = 0) -> list[dict]:
+        self.calls.append(f"events>{after}")
+        return [e for e in self.all_events if e["id"] > after]
+
+    def get(self, path: str, **_params) -> dict:
+        self.calls.append(path)
+        return {"id": 1, "status": "running"} if path == "/jobs/1" else {"items": [], "metrics": {}}
+
+
+def test_the_job_page_fetches_again_only_after_new_events():
+    api = FakeApi([{"id": 1, "kind": "status", "data": {"status": "running"}}])
+    view = load(api, 1, {})
+    assert view["changed"] and view["last_event"] == 1
+    assert api.calls == ["events>0", "/jobs/1", "/jobs/1/metrics", "/jobs/1/checkpoints"]
+    api.calls.clear()
+    assert load(api, 1, view)["changed"] is False and api.calls == ["events>1"]  # nothing new: nothing redrawn
+    api.all_events.append({"id": 2, "kind": "metrics", "data": {"step": 1}})
+    api.calls.clear()
+    later = load(api, 1, view)
+    assert api.calls == ["events>1", "/jobs/1", "/jobs/1/metrics"] and later["last_event"] == 2
+    assert [e["id"] for e in later["events"]] == [1]  # the charts show metrics events: not kept
+    api.calls.clear()
+    load(api, 2, later)  # another job: read from the start
+    assert api.calls[0] == "events>0"
+
+
+def test_the_selected_jobs_status_is_read_from_the_table():
+    table = pd.DataFrame([["", 3, "running"], ["▶", 4, "paused"]], columns=["sel", "id", "status"])
+    assert selected_status(table, 4) == "paused" and selected_status(table, 9) is None
+    assert selected_status(table, None) is None

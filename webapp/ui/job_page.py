@@ -1,0 +1,142 @@
+"""The Job page: the run's summary, its charts (plotly), the event log in words and the checkpoints (a row selected:
+its zip to download).
+
+It follows the job's event stream: each tick asks for the events after the last one it saw (GET
+/jobs/{id}/events?timeout=0&last_event_id=N) and fetches the job, its metrics and checkpoints again only when new
+ones came, so nothing redraws while nothing happens.
+
+No `from __future__ import annotations` here: Gradio reads a handler's `gr.SelectData` hint as a class, not a string.
+"""
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from webapp.ui.api import ApiError
+from webapp.ui.charts import line_chart, x_extent
+from webapp.ui.frames import checkpoints_frame
+from webapp.ui.job_view import ACTIVE, CHARTS, event_log, job_charts, last_step, run_summary, waiting_message
+from webapp.ui.tabs import Session, job_id_of
+
+NUM_PLOTS = len(CHARTS) + 1  # every chart, and the time per step
+KEPT_EVENTS = ("metrics", "samples")  # not kept in the page's state: the charts and Samples show them
+
+
+def draw(view: dict, smoothing: float, log_y: bool) -> list:
+    """[charts message, each plot's update]: the charts that have data, in order; the others hidden."""
+    job, body = view.get("job"), view.get("metrics") or {}
+    if not job:
+        return [gr.update(), *[gr.update() for _ in range(NUM_PLOTS)]]
+    charts = job_charts(body)
+    x_range = x_extent(job.get("max_steps"), last_step(body), job["status"] in ACTIVE)
+    updates = [
+        gr.update(value=line_chart(frame, title, y_title, smoothing, log_y and log, x_range), visible=True)
+        for title, frame, y_title, log in charts
+    ]
+    updates += [gr.update(value=None, visible=False)] * (NUM_PLOTS - len(updates))
+    return ["" if charts else waiting_message(job), *updates]
+
+
+def load(api, jid: int, view: dict) -> dict:
+    """The page's state brought up to date: the new events, and the job, metrics and checkpoints again when they
+    may have changed. `changed` says whether anything did."""
+    same = view.get("job_id") == jid
+    after = view.get("last_event", 0) if same else 0
+    new = api.events(jid, after=after)
+    if same and not new:
+        return {**view, "changed": False}
+    kinds = {e["kind"] for e in new}
+    fresh = not same or "status" in kinds
+    kept = [e for e in new if e["kind"] not in KEPT_EVENTS]
+    updated: dict[str, Any] = {
+        "job_id": jid,
+        "last_event": new[-1]["id"] if new else after,
+        "events": (view.get("events", []) if same else []) + kept,
+        "job": api.get(f"/jobs/{jid}"),
+        "metrics": api.get(f"/jobs/{jid}/metrics") if fresh or "metrics" in kinds else view.get("metrics"),
+        "checkpoints": (
+            api.get(f"/jobs/{jid}/checkpoints") if fresh or "checkpoint" in kinds else view.get("checkpoints")
+        ),
+        "changed": True,
+    }
+    return updated
+
+
+def job_page_tab(session: Session) -> None:
+    """The selected job: summary, charts (those with data), smoothing and log scale, event log, checkpoints."""
+    with gr.Tab("Job page", id="job") as tab:
+        summary = gr.Markdown("Select a job on the Jobs tab (or type its id above).", elem_id="job-summary")
+        with gr.Row():
+            smoothing = gr.Slider(0, 0.99, value=0.0, step=0.01, label="Smoothing (EMA)", elem_id="smoothing")
+            log_y = gr.Checkbox(value=True, label="Log scale for KL and losses (when all values > 0)", elem_id="log-y")
+        charts_msg = gr.Markdown(elem_id="charts-msg")
+        with gr.Row(equal_height=True):
+            plots = [
+                gr.Plot(visible=False, elem_id=f"plot-{i}", min_width=420, show_label=False) for i in range(NUM_PLOTS)
+            ]
+        with gr.Row():
+            events_box = gr.Textbox(label="Event log (newest first)", lines=12, max_lines=20, elem_id="event-log")
+            with gr.Column():
+                checkpoints = gr.Dataframe(
+                    value=checkpoints_frame({}),
+                    interactive=False,
+                    label="Checkpoints (select a row to download it)",
+                    elem_id="checkpoints",
+                )
+                download = gr.File(label="Checkpoint zip", elem_id="ckpt-file", interactive=False, visible=False)
+                download_msg = gr.Markdown(elem_id="ckpt-msg")
+        view = gr.State({})
+
+    outputs = [summary, charts_msg, *plots, events_box, checkpoints, view]
+
+    def refresh_job_page(token: str, selected, state: dict, smooth: float, log: bool):
+        jid = job_id_of(selected)
+        if not token or jid is None:
+            return [gr.skip()] * len(outputs)
+        try:
+            updated = load(session.api(token), jid, state or {})
+        except ApiError as err:
+            words = f"Job {jid} does not exist or is not yours." if err.status == 404 else f"Job {jid}: {err.message}"
+            return [words, *[gr.skip()] * (len(outputs) - 1)]
+        if not updated.pop("changed"):
+            return [gr.skip()] * len(outputs)
+        ckpts = checkpoints_frame(updated["checkpoints"] or {})
+        return [
+            run_summary(updated["job"], updated["metrics"] or {}, updated["events"]),
+            *draw(updated, smooth, log),
+            event_log(updated["events"]),
+            ckpts,
+            updated,
+        ]
+
+    def redraw(state: dict, smooth: float, log: bool):
+        return draw(state or {}, smooth, log)
+
+    def download_checkpoint(token: str, state: dict, table: pd.DataFrame, evt: gr.SelectData):
+        jid = (state or {}).get("job_id")
+        row = evt.index[0] if isinstance(evt.index, list | tuple) else evt.index
+        try:
+            step = int(table.iloc[row]["step"])
+        except (IndexError, KeyError, ValueError, TypeError):
+            return gr.update(), "Select a checkpoint's row."
+        if not token or jid is None:
+            return gr.update(), "Sign in and select a job first."
+        target = Path(tempfile.mkdtemp(prefix="aligner-ui-")) / f"job_{jid}_step_{step:06d}.zip"
+        try:
+            session.api(token).download(f"/jobs/{jid}/checkpoints/{step}/download", target)
+        except ApiError as err:
+            message = f"The checkpoint of step {step} cannot be downloaded: {err.message}"
+            return gr.update(value=None, visible=False), message
+        size = f"{target.stat().st_size / 1e6:.1f} MB"
+        return gr.update(value=str(target), visible=True), f"Checkpoint of step {step}: {size}"
+
+    inputs = [session.token, session.job_id, view, smoothing, log_y]
+    session.every_tick(refresh_job_page, inputs, outputs, tab="job")
+    session.follow_tab(tab, "job", refresh_job_page, inputs, outputs)
+    session.job_id.change(refresh_job_page, inputs, outputs, show_progress="hidden")
+    for control in (smoothing, log_y):
+        control.change(redraw, [view, smoothing, log_y], [charts_msg, *plots], show_progress="hidden")
+    checkpoints.select(download_checkpoint, [session.token, view, checkpoints], [download, download_msg])

@@ -1,0 +1,345 @@
+"""What the Job page, the Jobs tab's actions and Compare show, from API JSON: the charts' data, the run's summary
+(best validation, change in reward, speed, time left, alarms), the event log in words, which actions apply to a job,
+and the differences between compared jobs (config, reward scale). Pure functions, tested without a browser."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import pandas as pd
+
+from webapp.ui.frames import TIMERS_PREFIX, alarm_words, metrics_frame, timers_frame
+
+EXTRA_REWARDS_PREFIX = "val/extra_rewards/"
+TRAIN_REWARD, VAL_REWARD, KL = "train_rollouts/rewards", "val/rewards", "train_rollouts/init_policy_kl"
+# Charts of the job page: (title, metric names, y title, log scale when asked). The Reward chart also shows every
+# val/extra_rewards/* (gold rewards). PPO's metrics get charts when the job logged them.
+CHARTS: list[tuple[str, list[str], str, bool]] = [
+    ("Reward", [TRAIN_REWARD, VAL_REWARD], "reward", False),
+    ("Reward with KL penalty", ["train_rollouts/rewards_with_kl"], "reward - beta KL", False),
+    ("KL to the initial policy", [KL], "KL", True),
+    ("Loss", ["train_optim/loss"], "loss", True),
+    ("Grad norm", ["train_optim/grad_norm"], "grad norm", False),
+    ("Response length", ["train_rollouts/response_lengths", "val/response_lengths"], "tokens", False),
+    (
+        "Fraction properly ended",
+        ["train_rollouts/fraction_of_samples_properly_ended", "val/fraction_of_samples_properly_ended"],
+        "fraction",
+        False,
+    ),
+    ("Reward-length correlation", ["train_rollouts/reward_length_corr"], "correlation", False),
+    ("Groups with zero reward spread", ["train_rollouts/frac_zero_std_groups"], "fraction of groups", False),
+    ("Critic loss", ["train_optim/critic_loss"], "loss", True),
+    ("Value estimates", ["train_rollouts/values"], "value", False),
+    ("Clip fraction", ["train_optim/clip_fraction"], "fraction", False),
+    ("Entropy", ["train_optim/entropy"], "nats per token", False),
+]
+TIMERS_CHART = ("Time per step", "seconds")
+ACTIVE = ("queued", "running", "cancelling")
+HEAD_TAIL = 5  # steps averaged at each end for the change in train reward
+
+
+def series_label(name: str) -> str:
+    """A metric's name in a chart's legend: "train", "validation", "gold: NAME" (val/extra_rewards/NAME)."""
+    if name.startswith(EXTRA_REWARDS_PREFIX):
+        return "gold: " + name.removeprefix(EXTRA_REWARDS_PREFIX)
+    if name.startswith("train_"):
+        return "train"
+    if name.startswith("val/"):
+        return "validation"
+    return name
+
+
+def _metrics(body: dict) -> dict[str, list]:
+    metrics = body.get("metrics", {}) if isinstance(body, dict) else {}
+    return metrics if isinstance(metrics, dict) else {}
+
+
+def job_charts(body: dict) -> list[tuple[str, pd.DataFrame, str, bool]]:
+    """(title, data, y title, log) of the job page's charts that have data, CHARTS order, then the time per step."""
+    metrics = _metrics(body)
+    charts = []
+    for title, names, y_title, log in CHARTS:
+        if title == "Reward":
+            names = names + sorted(n for n in metrics if n.startswith(EXTRA_REWARDS_PREFIX))
+        frame = metrics_frame(body, names)
+        if len(frame):  # the legend in the order of `names`
+            frame = frame.sort_values("series", key=lambda col: col.map(names.index), kind="stable")
+            frame["series"] = frame["series"].map(series_label)
+            charts.append((title, frame, y_title, log))
+    timers = timers_frame(body)
+    if len(timers):
+        charts.append((TIMERS_CHART[0], timers, TIMERS_CHART[1], False))
+    return charts
+
+
+def last_step(body: dict) -> int | None:
+    steps = [int(s) for points in _metrics(body).values() for s, _v in points]
+    return max(steps) if steps else None
+
+
+def _values(body: dict, name: str) -> list[tuple[int, float]]:
+    return [(int(s), float(v)) for s, v in _metrics(body).get(name, []) if v is not None]
+
+
+def best_validation(body: dict) -> tuple[float, int] | None:
+    """(best val/rewards, its step), the earliest step on a tie."""
+    points = _values(body, VAL_REWARD)
+    if not points:
+        return None
+    step, value = max(points, key=lambda p: (p[1], -p[0]))
+    return value, step
+
+
+def reward_change(body: dict) -> float | None:
+    """Mean train reward of the last HEAD_TAIL steps less that of the first HEAD_TAIL (None before 2 steps)."""
+    values = [v for _s, v in sorted(_values(body, TRAIN_REWARD))]
+    if len(values) < 2:
+        return None
+    head, tail = values[:HEAD_TAIL], values[-HEAD_TAIL:]
+    return sum(tail) / len(tail) - sum(head) / len(head)
+
+
+def seconds_per_step(job: dict, body: dict, now: dt.datetime | None = None) -> float | None:
+    """From the timers (the sum of the phases, mean of the last HEAD_TAIL steps), else the time since the job
+    started over its steps."""
+    per_step: dict[int, float] = {}
+    for name, points in _metrics(body).items():
+        if name.startswith(TIMERS_PREFIX):
+            for step, value in points:
+                if value is not None:
+                    per_step[int(step)] = per_step.get(int(step), 0.0) + float(value)
+    if per_step:
+        recent = [per_step[s] for s in sorted(per_step)[-HEAD_TAIL:]]
+        total = sum(recent) / len(recent)
+        return total if total > 0 else None
+    started, step = job.get("started_at"), job.get("step") or 0
+    if not started or step < 1:
+        return None
+    then = dt.datetime.fromisoformat(started)
+    then = then if then.tzinfo else then.replace(tzinfo=dt.UTC)
+    ended = job.get("finished_at")
+    end = dt.datetime.fromisoformat(ended) if ended else (now or dt.datetime.now(dt.UTC))
+    end = end if end.tzinfo else end.replace(tzinfo=dt.UTC)
+    return max(0.0, (end - then).total_seconds()) / step or None
+
+
+def duration(seconds: float) -> str:
+    """75 -> "1 min 15 s", 3900 -> "1 h 5 min"."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def alarm_badges(job: dict, events: list[dict]) -> list[str]:
+    """ "⚠ length hacking: MESSAGE" for each firing alarm: the job's `alarms`, with the message of the newest health
+    event of each (an alarm cleared since is left out)."""
+    firing: dict[str, str] = {}
+    for event in events:
+        data = event.get("data")
+        if event.get("kind") == "health" and isinstance(data, dict) and "alarm" in data:
+            name = str(data["alarm"])
+            firing.pop(name, None)
+            if data.get("state") == "firing":
+                firing[name] = str(data.get("message") or "")
+    names = list(dict.fromkeys([*(job.get("alarms") or []), *firing]))
+    badges = []
+    for name in names:
+        message = firing.get(name, "")
+        badges.append(f"⚠ {alarm_words(name)}" + (f": {message}" if message else ""))
+    return badges
+
+
+def fold(text: str) -> str:
+    """A multi-line text (a traceback) as its first and last lines."""
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    return f"{lines[0]} … {lines[-1]}"
+
+
+def first_line(text: str | None) -> str:
+    lines = [line.strip() for line in str(text or "").splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def run_summary(job: dict, body: dict, events: list[dict], now: dt.datetime | None = None) -> str:
+    """The Job page's header (Markdown): name, status, progress, best validation, change in train reward, latest KL,
+    speed, time left, alarms, the open server wait, the error's first line."""
+    from webapp.ui.frames import server_waiting
+
+    algorithm = job.get("algorithm") or "reinforce"
+    status = job["status"]
+    lines = [f"### Job {job['id']}: {job['name']} ({'PPO' if algorithm == 'ppo' else 'REINFORCE'})"]
+    facts = [f"**{status}**", f"step **{job.get('step', 0)}/{job.get('max_steps', '?')}**"]
+    best = best_validation(body)
+    if best:
+        facts.append(f"best validation reward **{best[0]:.4g}** (step {best[1]})")
+    change = reward_change(body)
+    if change is not None:
+        facts.append(f"train reward change **{change:+.4g}** (first vs last {HEAD_TAIL} steps)")
+    kl = _values(body, KL)
+    if kl:
+        facts.append(f"KL **{sorted(kl)[-1][1]:.4g}**")
+    per_step = seconds_per_step(job, body, now)
+    if per_step:
+        facts.append(f"**{1 / per_step:.3g}** steps/s ({per_step:.3g} s a step)")
+        left = max(0, (job.get("max_steps") or 0) - (job.get("step") or 0))
+        if status in ACTIVE and left:
+            facts.append(f"about **{duration(left * per_step)}** left")
+    lines.append(" · ".join(facts))
+    badges = alarm_badges(job, events)
+    if badges:
+        lines.append(" ".join(f"`{badge}`" for badge in badges))
+    waiting = server_waiting(events) if status == "running" else None
+    if waiting:
+        lines.append("**waiting** `" + waiting.replace("`", "'") + "`")
+    if job.get("error"):
+        lines.append(f"**error**: {first_line(job['error'])}")
+    return "\n\n".join(lines)
+
+
+def describe_event(event: dict) -> str | None:
+    """One event in words (None for the metrics and samples events the charts and Samples show)."""
+    kind, data = event.get("kind"), event.get("data")
+    data = data if isinstance(data, dict) else {"message": str(data)}
+    step = f"step {data['step']}: " if data.get("step") is not None and kind != "status" else ""
+    if kind in ("metrics", "samples"):
+        return None
+    if kind == "status":
+        status = str(data.get("status"))
+        if status == "failed":
+            return f"failed: {first_line(data.get('error')) or 'no error given'}"
+        return status
+    if kind == "checkpoint":
+        return f"{step}checkpoint saved"
+    if kind == "health":
+        name = alarm_words(str(data.get("alarm")))
+        if data.get("state") == "cleared":
+            return f"{step}health: {name} cleared"
+        paused = " (job paused)" if data.get("paused") else ""
+        return f"{step}health: {name} — {fold(data.get('message') or '')}{paused}"
+    if kind == "log":
+        level = data.get("level", "info")
+        return f"{step}{'' if level == 'info' else level + ': '}{fold(data.get('message', ''))}"
+    words = ", ".join(f"{k} {v}" for k, v in data.items() if not isinstance(v, dict | list))
+    return f"{kind}: {words}"
+
+
+def event_log(events: list[dict], last: int = 200) -> str:
+    """The job's events in words, newest first."""
+    lines = [line for line in (describe_event(e) for e in events) if line]
+    return "\n".join(reversed(lines[-last:])) or "(no events yet)"
+
+
+def waiting_message(job: dict) -> str:
+    """What the Job page says while no chart has data."""
+    status = job.get("status")
+    if status == "queued":
+        return "Waiting for the first step: the job is queued (a worker picks it up when one is free)."
+    if status in ("failed", "cancelled", "paused") or status == "succeeded":
+        error = first_line(job.get("error"))
+        return f"The job {status} before its first step" + (f": {error}" if error else ".")
+    return "Waiting for the first step: generating step 1 ..."
+
+
+def action_states(job: dict | None, has_checkpoint: bool) -> dict[str, bool]:
+    """Which of cancel, resume and retry apply to a job in its status."""
+    status = (job or {}).get("status")
+    steps_left = (job or {}).get("step", 0) < (job or {}).get("max_steps", 0)
+    return {
+        "cancel": status in ("queued", "running"),
+        "resume": status in ("succeeded", "failed", "cancelled", "paused") and has_checkpoint and steps_left,
+        "retry": status in ("failed", "cancelled", "paused"),
+    }
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """{"trainer": {"lr": 1}} -> {"trainer.lr": 1}."""
+    if not isinstance(config, dict):
+        return {prefix: config} if prefix else {}
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def config_diff(configs: dict[str, dict]) -> pd.DataFrame:
+    """{label: config} -> one row per dotted key whose values differ (or that some lack): key, then each label. The
+    run folder is left out: the server gives each job its own."""
+    labels = list(configs)
+    flat = {label: {k: v for k, v in flatten(config).items() if k != "run_dir"} for label, config in configs.items()}
+    keys = sorted({key for values in flat.values() for key in values})
+    rows = []
+    for key in keys:
+        shown = [_show(flat[label][key]) if key in flat[label] else "—" for label in labels]
+        if len(set(shown)) > 1:
+            rows.append([key, *shown])
+    return pd.DataFrame(rows, columns=["key", *labels])
+
+
+def _show(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def reward_source(config: dict) -> str:
+    """ "function NAME", "model PATH" or "server URL" from a job's config."""
+    reward = (config or {}).get("reward") or {}
+    for key, word in (("function", "function"), ("model_path", "model"), ("server_url", "server")):
+        if reward.get(key):
+            return f"{word} {reward[key]}"
+    return "unknown"
+
+
+def scale_warning(bodies: dict[str, dict], configs: dict[str, dict]) -> str | None:
+    """Why the jobs' rewards may not be comparable: different reward sources, or train reward ranges that differ by
+    more than 10x (the range: max - min, or the largest magnitude when a job has one value)."""
+    sources = {label: reward_source(config) for label, config in configs.items()}
+    if len(set(sources.values())) > 1:
+        listed = "; ".join(f"{label}: {source}" for label, source in sources.items())
+        return f"⚠ The jobs score with different rewards ({listed}): their rewards may be on different scales."
+    ranges = {}
+    for label, body in bodies.items():
+        values = [v for _s, v in _values(body, TRAIN_REWARD)]
+        if values:
+            ranges[label] = (max(values) - min(values)) or max(abs(v) for v in values)
+    positive = [r for r in ranges.values() if r > 0]
+    if len(positive) > 1 and max(positive) > 10 * min(positive):
+        listed = "; ".join(f"{label}: {r:.3g}" for label, r in ranges.items())
+        return f"⚠ The jobs' train rewards span ranges more than 10x apart ({listed}): different scales?"
+    return None
+
+
+def job_choice(job: dict) -> tuple[str, int]:
+    """A job in Compare's list: ("12: name (algo, status)", 12)."""
+    algorithm = job.get("algorithm") or job.get("kind") or "reinforce"
+    return f"{job['id']}: {job['name']} ({algorithm}, {job['status']})", int(job["id"])
+
+
+def validation_steps(body: dict) -> list[int]:
+    return sorted({int(s) for s, _v in _metrics(body).get(VAL_REWARD, [])})
+
+
+def answers_frame(samples: dict[str, list[dict]], prompt: str | None) -> pd.DataFrame:
+    """{label: validation samples of one step} -> the answers to `prompt` side by side: a column per job, rows
+    response and reward."""
+    columns: dict[str, list[str]] = {}
+    for label, items in samples.items():
+        item = next((i for i in items if i.get("prompt") == prompt), None)
+        reward = item.get("reward") if item else None
+        columns[label] = [item["response"] if item else "(no answer)", "" if reward is None else f"{reward:.4g}"]
+    return pd.DataFrame({"": ["response", "reward"], **columns})
+
+
+def common_prompts(samples: dict[str, list[dict]]) -> list[str]:
+    """The prompts every job answered, in the first job's order."""
+    lists = [[i.get("prompt") for i in items] for items in samples.values()]
+    if not lists:
+        return []
+    shared = set(lists[0]).intersection(*map(set, lists[1:]))
+    return [p for p in dict.fromkeys(lists[0]) if p in shared]

@@ -1,0 +1,122 @@
+"""The Jobs tab: your jobs (the selected one marked), cancel (after a confirmation), resume or retry the selected job,
+each button enabled only when it applies to the job's status.
+
+No `from __future__ import annotations` here: Gradio reads a handler's `gr.SelectData` hint as a class, not a string.
+"""
+
+import gradio as gr
+import pandas as pd
+
+from webapp.ui.api import ApiError
+from webapp.ui.frames import JOB_COLUMNS
+from webapp.ui.job_view import action_states
+from webapp.ui.tabs import Session, job_id_of
+
+ACTIONS = ("cancel", "resume", "retry")
+
+
+def selected_status(table: pd.DataFrame | None, jid: int | None) -> str | None:
+    """The status the Jobs table shows for job `jid`."""
+    if table is None or jid is None or not len(table) or "id" not in table:
+        return None
+    rows = table[pd.to_numeric(table["id"], errors="coerce") == jid]
+    return str(rows.iloc[0]["status"]) if len(rows) else None
+
+
+def jobs_tab(session: Session) -> gr.Dataframe:
+    """Your jobs, refreshed on the timer; a click on a row selects the job (▶); cancel, resume or retry it. Returns
+    the table (signing in fills it)."""
+    with gr.Tab("Jobs", id="jobs") as tab:
+        jobs_table = gr.Dataframe(
+            value=pd.DataFrame(columns=JOB_COLUMNS),
+            interactive=False,
+            elem_id="jobs-table",
+            label="Your jobs (click a row to select it: ▶)",
+        )
+        with gr.Row():
+            buttons = {
+                "cancel": gr.Button("Cancel", elem_id="cancel", variant="stop", interactive=False),
+                "resume": gr.Button("Resume", elem_id="resume", interactive=False),
+                "retry": gr.Button("Retry", elem_id="retry", interactive=False),
+            }
+        with gr.Row(visible=False) as confirm_row:
+            confirm_msg = gr.Markdown(elem_id="confirm-msg")
+            confirm = gr.Button("Confirm: cancel it", elem_id="confirm-cancel", variant="stop")
+            keep = gr.Button("Keep running", elem_id="keep-running")
+        action_msg = gr.Markdown(elem_id="action-msg")
+        shown_for = gr.State(None)  # (job id, status) the buttons were last set for
+
+    def select_row(table: pd.DataFrame, evt: gr.SelectData):
+        row = evt.index[0] if isinstance(evt.index, list | tuple) else evt.index
+        try:
+            return int(table.iloc[row]["id"])
+        except (IndexError, KeyError, ValueError, TypeError):
+            return gr.update()
+
+    def update_actions(token: str, selected, table: pd.DataFrame, known):
+        """[cancel, resume, retry buttons, known]: enabled per the selected job's status; nothing asked or redrawn
+        while the job and its status are those the buttons were set for."""
+        jid = job_id_of(selected)
+        status = selected_status(table, jid)
+        key = [jid, status]
+        if key == known:
+            return [gr.skip()] * (len(ACTIONS) + 1)
+        job, has_checkpoint = None, False
+        if token and jid is not None:
+            try:
+                api = session.api(token)
+                job = api.get(f"/jobs/{jid}")
+                if job["status"] in ("succeeded", "failed", "cancelled", "paused"):
+                    has_checkpoint = bool(api.get(f"/jobs/{jid}/checkpoints")["items"])
+            except ApiError:
+                job = None
+        states = action_states(job, has_checkpoint)
+        return [*(gr.update(interactive=states[kind]) for kind in ACTIONS), key]
+
+    def action(kind: str):
+        def run(token: str, selected):
+            jid = job_id_of(selected)
+            if jid is None:
+                return ["Select a job first.", gr.update(), gr.update(visible=False), *session.unchanged()]
+            try:
+                job = session.api(token).post(f"/jobs/{jid}/{kind}")
+            except ApiError as err:
+                dropped = session.signed_out() if err.rejected and token else session.unchanged()
+                return [f"{kind} job {jid}: {err.message}", gr.update(), gr.update(visible=False), *dropped]
+            table = session.refresh_jobs(token, jid)[0]
+            return [f"Job {jid}: {kind} -> **{job['status']}**", table, gr.update(visible=False), *session.unchanged()]
+
+        run.__name__ = f"{kind}_job"
+        return run
+
+    def ask_to_cancel(table: pd.DataFrame, selected):
+        jid = job_id_of(selected)
+        if jid is None:
+            return gr.update(visible=False), "", "Select a job first."
+        rows = table[pd.to_numeric(table["id"], errors="coerce") == jid] if len(table) else table
+        name = f" ({rows.iloc[0]['name']})" if len(rows) else ""
+        return gr.update(visible=True), f"**Cancel job {jid}{name}?** Its run stops; a checkpoint lets it resume.", ""
+
+    session.ticked = session.timer.tick(
+        session.refresh_jobs,
+        [session.token, session.job_id],
+        [jobs_table, *session.auth_outputs],
+        show_progress="hidden",
+    )
+    session.follow_tab(tab, "jobs")
+    jobs_table.select(select_row, [jobs_table], [session.job_id])
+    session.job_id.change(
+        session.refresh_jobs,
+        [session.token, session.job_id],
+        [jobs_table, *session.auth_outputs],
+        show_progress="hidden",
+    )
+    action_inputs = [session.token, session.job_id, jobs_table, shown_for]
+    jobs_table.change(update_actions, action_inputs, [*buttons.values(), shown_for], show_progress="hidden")
+    outputs = [action_msg, jobs_table, confirm_row, *session.auth_outputs]
+    buttons["cancel"].click(ask_to_cancel, [jobs_table, session.job_id], [confirm_row, confirm_msg, action_msg])
+    confirm.click(action("cancel"), [session.token, session.job_id], outputs)
+    keep.click(lambda: (gr.update(visible=False), "Kept running."), None, [confirm_row, action_msg])
+    for kind in ("resume", "retry"):
+        buttons[kind].click(action(kind), [session.token, session.job_id], outputs)
+    return jobs_table
