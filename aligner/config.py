@@ -412,7 +412,7 @@ class HealthConfig(Section):
         10, ge=2, description="Steps in the recent (and the early) window of a per-step metric the rules average."
     )
     min_points: int = Field(
-        20,
+        10,
         ge=2,
         description="A rule over a per-step metric judges only once it has this many values (the first steps are "
         "noisy); nonfinite needs none.",
@@ -440,7 +440,11 @@ class HealthConfig(Section):
         "`window` steps at which it fires.",
     )
     length_corr_min_rise: float = Field(
-        0.2, ge=0, description="length_hacking: how far that mean must be above the first `window` steps' mean."
+        0.0,
+        ge=0,
+        description="length_hacking: how far that mean must also be above the first `window` steps' mean; 0 (the "
+        "default) alarms on a high correlation from the start too (a reward that pays for length), more alarms only "
+        "when the correlation grows (for a task where longer answers are rightly better).",
     )
     kl_max_slope: float = Field(
         0.02,

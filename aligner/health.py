@@ -143,13 +143,14 @@ def validation_divergence(series: Series, config: HealthConfig) -> Alarm | None:
 
 def length_hacking(series: Series, config: HealthConfig) -> Alarm | None:
     """Reward and response length correlate (train_rollouts/reward_length_corr): its mean over the last `window`
-    steps is at least `length_corr_threshold`, and at least `length_corr_min_rise` above its first `window` steps'
-    mean. The policy is likely earning reward by writing longer (or shorter) responses, not better ones."""
+    steps is at least `length_corr_threshold` (and, when `length_corr_min_rise` > 0, that much above its first
+    `window` steps' mean). The policy is likely earning reward by writing longer responses, not better ones."""
     windows = _windows(series, LENGTH_CORR, config)
     if windows is None:
         return None
     early, recent = _mean(windows[0]), _mean(windows[1])
-    if recent >= config.length_corr_threshold and recent - early >= config.length_corr_min_rise:
+    rose = config.length_corr_min_rise <= 0 or recent - early >= config.length_corr_min_rise
+    if recent >= config.length_corr_threshold and rose:
         message = (
             f"reward-length correlation {recent:.2f} over the last {len(windows[1])} steps (was {early:.2f} early; "
             f"threshold {config.length_corr_threshold:g}): the reward may be paying for length"

@@ -30,7 +30,8 @@ from aligner.health import (
     zero_spread,
 )
 
-CONFIG = HealthConfig()
+# Rules judged late and length alarms only on a rise: the cases below show each rule's windows and thresholds apart.
+CONFIG = HealthConfig(min_points=20, length_corr_min_rise=0.2)
 
 
 def per_step(values, start=1):
@@ -81,6 +82,17 @@ def test_a_healthy_run_stays_quiet_at_every_step():
         series = healthy_run(seed=seed)
         for step in range(0, 81):
             assert evaluate(up_to(series, step), CONFIG) == [], (seed, step)
+
+
+def test_with_the_defaults_a_healthy_run_stays_quiet_and_a_length_reward_fires_within_its_first_steps():
+    defaults = HealthConfig()
+    for seed in range(3):
+        series = healthy_run(seed=seed)
+        assert all(evaluate(up_to(series, step), defaults) == [] for step in range(81)), seed
+    # reward = length: the correlation is high from the first step, which the defaults flag once min_points are in
+    paid_for_length = {LENGTH_CORR: per_step([0.95] * 30)}
+    fired = [step for step in range(1, 31) if evaluate(up_to(paid_for_length, step), defaults)]
+    assert fired and fired[0] == defaults.min_points <= 10
 
 
 def test_disabled_health_raises_nothing():
