@@ -16,6 +16,11 @@ def length_reward(prompts, responses, metadata):
     return [len(r) + (100.0 if m.get("answer") == r else 0.0) for r, m in zip(responses, metadata)]
 
 
+def chars_reward(prompts, responses):
+    """The response's length in characters: a reward a policy games by writing longer (the length-hacking alarm)."""
+    return [float(len(r)) for r in responses]
+
+
 def varied_reward(prompts, responses):
     """Differs between almost any two responses: every step has non-zero advantages to train on."""
     return [(len(r) % 7) / 7 + r.count("e") for r in responses]

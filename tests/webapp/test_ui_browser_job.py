@@ -1,6 +1,8 @@
 """The Job page and Compare in a real browser (`aligner up` on embedded defaults, headless Chromium): two tiny jobs,
 submitted through the API, run to the end; the Job page's Reward chart (plotly) has integer step ticks only and
-markers; Compare shows both jobs' answers to one validation prompt at one step side by side.
+markers; Compare shows both jobs' answers to one validation prompt at one step side by side. A third job, the demo
+policy scored by its response's length with `health.pause_on: [length_hacking]`, raises the length-hacking alarm
+within its first steps and is paused: the Jobs table and the Job page show it.
 
 Needs /usr/bin/chromium: skips without it, fails when CI=true (tests/helpers/browser.py)."""
 
@@ -18,7 +20,9 @@ from webapp.ui.api import Api
 
 
 @pytest.mark.slow
-def test_job_page_charts_and_compare_answers_side_by_side(tmp_path, tiny_policy_dir):
+def test_job_page_charts_compare_answers_side_by_side_and_a_length_hacking_alarm(
+    tmp_path, tiny_policy_dir, demo_assets_dir
+):
     ARTIFACTS.mkdir(exist_ok=True)
     with up_stack(tmp_path / "data") as stack, chromium() as browser:
         api = Api(stack["api_url"], stack["token"])
@@ -33,6 +37,17 @@ def test_job_page_charts_and_compare_answers_side_by_side(tmp_path, tiny_policy_
                   "save_interval": 2}  # fmt: skip
         first = api.post("/jobs", form.build_job({**values, "name": "ui a", "lr": 0.001}))["id"]
         second = api.post("/jobs", form.build_job({**values, "name": "ui b", "lr": 0.0001}))["id"]
+        # The demo policy ends its answers at varied lengths; a reward paying for characters correlates with them.
+        catalogue.register_model(api, "ui-demo", str(demo_assets_dir / "policy"), "policy")
+        catalogue.register_reward_function(api, "ui-chars", "tests.helpers.rewards:chars_reward")
+        demo_prompts = upload_prompts(stack, demo_assets_dir / "prompts_val.jsonl")
+        gamed = form.build_job({**values, "name": "ui length", "policy": "ui-demo", "train_dataset": demo_prompts,
+                                "val_dataset": demo_prompts, "reward_source": "function",
+                                "reward_function": "ui-chars", "num_prompts_per_step": 4,
+                                "num_rollouts_per_prompt": 4, "max_steps": 40, "max_new_tokens": 24,
+                                "val_check_interval": 10, "save_interval": 40})  # fmt: skip
+        gamed["config"]["health"] = {"pause_on": ["length_hacking"]}
+        third = api.post("/jobs", gamed)["id"]
 
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(stack["ui_url"])
@@ -69,3 +84,20 @@ def test_job_page_charts_and_compare_answers_side_by_side(tmp_path, tiny_policy_
         assert f"{first}: ui a" in answers and "response" in answers and "reward" in answers
         assert page.locator("#c-step input").first.input_value() == "2"  # the last validation step both jobs have
         page.screenshot(path=ARTIFACTS / "ui-compare-answers.png", full_page=True)
+
+        # The length-paying job: the alarm fires once the rule has its 10 values, and pauses the job.
+        deadline = time.monotonic() + 120
+        while (job := api.get(f"/jobs/{third}"))["status"] not in ("paused", "succeeded", "failed", "cancelled"):
+            assert time.monotonic() < deadline, job
+            time.sleep(1)
+        assert job["status"] == "paused" and job["alarms"] == ["length_hacking"] and job["step"] < 40, job
+        page.get_by_role("tab", name="Jobs").click()
+        wait_text(page, "jobs-table", "length hacking", 30)
+        fill(page, "job-id", third)
+        page.locator("#job-id input").first.press("Enter")
+        page.get_by_role("tab", name="Job page").click()
+        wait_text(page, "job-summary", "paused", 30)
+        wait_text(page, "job-summary", "length hacking", 30)
+        wait_text(page, "event-log", "length hacking", 30)
+        time.sleep(1.5)  # let the charts finish drawing
+        page.screenshot(path=ARTIFACTS / "ui-health-alarm.png", full_page=True)
