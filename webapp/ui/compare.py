@@ -79,8 +79,9 @@ def compare_tab(session: Session) -> None:
             c_plot = gr.Plot(elem_id="plot-compare", show_label=False, min_width=480)
             with gr.Column():
                 with gr.Row():
-                    c_step = gr.Dropdown([], label="Validation step", elem_id="c-step")
-                    c_prompt = gr.Dropdown([], label="Validation prompt", elem_id="c-prompt")
+                    # allow_custom_value: an earlier pick sent against new choices falls back in the handler
+                    c_step = gr.Dropdown([], label="Validation step", elem_id="c-step", allow_custom_value=True)
+                    c_prompt = gr.Dropdown([], label="Validation prompt", elem_id="c-prompt", allow_custom_value=True)
                 c_answers = gr.Dataframe(
                     interactive=False, wrap=True, label="Answers side by side", elem_id="c-answers"
                 )

@@ -288,9 +288,15 @@ def samples_tab(session) -> None:
         )
         gr.Markdown("**Follow one validation prompt across steps**")
         with gr.Row():
-            follow = gr.Dropdown([], label="Validation prompt", elem_id="follow-prompt", scale=4)
-            step_a = gr.Dropdown(step_choices([]), value=FIRST, label="From step", elem_id="follow-a", scale=1)
-            step_b = gr.Dropdown(step_choices([]), value=LATEST, label="To step", elem_id="follow-b", scale=1)
+            # allow_custom_value: a refresh may send the previous job's pick against the new job's choices (the
+            # handler falls back to a choice), which Gradio would otherwise refuse with an error toast.
+            follow = gr.Dropdown(
+                [], label="Validation prompt", elem_id="follow-prompt", scale=4, allow_custom_value=True
+            )
+            step_a = gr.Dropdown(step_choices([]), value=FIRST, label="From step", elem_id="follow-a", scale=1,
+                                 allow_custom_value=True)  # fmt: skip
+            step_b = gr.Dropdown(step_choices([]), value=LATEST, label="To step", elem_id="follow-b", scale=1,
+                                 allow_custom_value=True)  # fmt: skip
         follow_diff_html = gr.HTML(elem_id="follow-diff")
         follow_table = gr.Dataframe(
             value=prompt_history([], None), interactive=False, wrap=True, elem_id="follow-table"

@@ -140,8 +140,6 @@ def wire_sign_in(session: Session, sign_in: SignIn, jobs_table: gr.Dataframe) ->
     sign_in.token_box.submit(session.sign_in, [sign_in.token_box, session.job_id], outputs)
 
 
-
-
 def catalogue_action(session: Session, action: Callable[..., str], token: str, *args) -> list:
     """[message, the 4 tables (models, functions, servers, datasets), token, sign-in line]: `action` (one of
     webapp.ui.catalogue's register / remove / share, given the Api and `args`) done, or why the API refused it."""
