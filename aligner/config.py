@@ -261,9 +261,22 @@ class ReinforceConfig(Section):
     )
     baseline: Literal["rloo", "none"] = Field("rloo", description="Leave-one-out baseline, or none (plain REINFORCE).")
     normalize_advantages: bool = Field(False, description="Whiten advantages over the batch.")
-    exclude_truncated: bool = Field(False, description="Drop samples that did not end properly from the loss.")
-    loss_aggregation: Literal["token_mean", "seq_mean"] = Field(
-        "token_mean", description="Average the loss over all valid tokens (NeMo) or per sequence, then over samples."
+    exclude_truncated: bool = Field(
+        False,
+        description="Drop samples that did not end properly from the loss (loss_aggregation: nemo always does).",
+    )
+    loss_aggregation: Literal["token_mean", "seq_mean", "nemo"] = Field(
+        "token_mean",
+        description="token_mean: average the loss over all valid tokens of the batch; seq_mean: per sequence, then "
+        "over the samples with tokens; nemo: NeMo-Aligner's exactly, a token mean per sample with truncated samples "
+        "zeroed, averaged over each micro-batch's samples, then over micro-batches (docs/training.md).",
+    )
+    num_mini_batches: int = Field(
+        1,
+        ge=1,
+        description="Optimiser steps per rollout: the rollout is split into this many mini-batches, one AdamW step "
+        "each, advantages computed once (NeMo-Aligner's rollout size / global_batch_size). The LR schedule still "
+        "moves once per rollout step.",
     )
     use_generation_logprobs: bool = Field(
         True,
@@ -276,6 +289,12 @@ class ReinforceConfig(Section):
         if self.baseline == "rloo" and self.num_rollouts_per_prompt < 2:
             raise ValueError(
                 "num_rollouts_per_prompt must be at least 2 for the RLOO baseline (or set baseline: none)"
+            )
+        rollout = self.num_prompts_per_step * self.num_rollouts_per_prompt
+        if self.num_mini_batches > rollout:
+            raise ValueError(
+                f"num_mini_batches ({self.num_mini_batches}) must not exceed the rollout's samples "
+                f"(num_prompts_per_step * num_rollouts_per_prompt = {rollout})"
             )
         return self
 
@@ -291,12 +310,31 @@ class OptimConfig(Section):
     eps: float = Field(1e-8, gt=0)
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
     micro_batch_size: int = Field(8, ge=1, description="Samples per forward/backward; gradients accumulate.")
+    logprob_micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Samples per forward of the log-prob passes without gradient (the reference's, and the policy's "
+        "when not taken from generation); default: micro_batch_size. NeMo-Aligner's forward_micro_batch_size.",
+    )
 
     @model_validator(mode="after")
     def _lr_range(self) -> OptimConfig:
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
         return self
+
+
+class SchedConfig(Section):
+    """The LR schedule's phases beyond optim's warmup_steps and min_lr: linear warmup to optim.lr over
+    optim.warmup_steps, cosine decay to optim.min_lr, then `constant_steps` at optim.min_lr up to trainer.max_steps
+    (NeMo's CosineAnnealing: sched.warmup_steps, sched.min_lr and sched.constant_steps). Steps are rollout steps."""
+
+    constant_steps: int = Field(
+        0,
+        ge=0,
+        description="Steps at optim.min_lr at the end of the run: the cosine decay reaches min_lr at "
+        "trainer.max_steps - constant_steps (NeMo's CosineAnnealing constant_steps).",
+    )
 
 
 class TrainerConfig(Section):
@@ -353,6 +391,11 @@ class PPOConfig(Section):
         description="Optimiser steps per rollout: the rollout is split into this many mini-batches (NeMo-Aligner's "
         "num_rollout_samples / global_batch_size). With 1 the policy never moves away from the sampling policy "
         "within a step, so the ratio clip is inactive; more reuse each rollout more, and the clip keeps it safe.",
+    )
+    exclude_truncated: bool = Field(
+        True,
+        description="Leave samples that did not end properly (truncated at max_new_tokens) out of the actor loss, "
+        "as NeMo-Aligner masks them with is_end; the critic still trains on them.",
     )
 
 
@@ -504,6 +547,7 @@ class TrainConfig(Section):
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    sched: SchedConfig = Field(default_factory=SchedConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     validation: ValidationConfig = Field(
         default_factory=ValidationConfig, description="Gold rewards the validation samples are also scored by."

@@ -14,9 +14,11 @@ and the loss is REINFORCE's, with the advantage a constant (no gradient flows th
 
     L = - sum_{i,t} m_{i,t} * A_i * log pi(y_{i,t} | x, y_{i,<t}) / sum_{i,t} m_{i,t}
 
-Defaults follow NVIDIA NeMo-Aligner's REINFORCE: absolute KL (``|log pi - log pi_ref|``), responses that did not
-end properly (truncated at the length limit) excluded from the baseline, and the loss averaged over all valid
-tokens of the batch ("token_mean").
+Defaults follow NVIDIA NeMo-Aligner's REINFORCE where they can: absolute KL (``|log pi - log pi_ref|``) and responses
+that did not end properly (truncated at the length limit) excluded from the baseline. The loss above is
+"token_mean" (every valid token of the batch weighs the same); NeMo-Aligner's own loss, which weighs each sample the
+same and zeroes truncated ones, is ``aggregation="nemo"`` (:func:`nemo_reinforce_loss`); docs/training.md compares
+them.
 
 Every function is pure (no state, no in-place change of its inputs), works on the device of its inputs and returns
 the floating dtype of its main input. Run the tests with::
@@ -35,6 +37,7 @@ __all__ = [
     "advantages_from_baseline",
     "kl_penalty",
     "masked_mean",
+    "nemo_reinforce_loss",
     "reinforce_loss",
     "response_loss_mask",
     "rewards_with_kl",
@@ -42,7 +45,7 @@ __all__ = [
 ]
 
 KL_ESTIMATORS = ("k1", "abs", "k3")
-LOSS_AGGREGATIONS = ("token_mean", "seq_mean")
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean", "nemo")
 
 
 def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -207,16 +210,19 @@ def reinforce_loss(
     Per token ``l_{i,t} = -logprobs[i, t] * advantages[i]``, the advantages detached (constants). With ``m`` the
     ``[B, T]`` mask (0/1) of valid tokens and ``n_i = sum_t m_{i,t}``:
 
-    - ``"token_mean"`` (NeMo-Aligner's default): ``sum_{i,t} m_{i,t} * l_{i,t} / D``, ``D = max(sum_i n_i, 1)``,
-      every token weighs the same;
+    - ``"token_mean"``: ``sum_{i,t} m_{i,t} * l_{i,t} / D``, ``D = max(sum_i n_i, 1)``, every token weighs the same;
     - ``"seq_mean"``: ``sum_i (sum_t m_{i,t} * l_{i,t} / max(n_i, 1)) / D``, ``D = max(#{i : n_i > 0}, 1)``: each
-      sample with at least one valid token weighs the same; samples without valid tokens add 0 and are not counted.
+      sample with at least one valid token weighs the same; samples without valid tokens add 0 and are not counted;
+    - ``"nemo"``: the same per-sample token means, but ``D = max(B, 1)``, every row counted, those without valid
+      tokens (e.g. truncated samples whose rows the mask zeroed) too: NeMo-Aligner's micro-batch loss (see
+      :func:`nemo_reinforce_loss`).
 
     ``normalizer`` (a count, float or tensor) replaces ``D`` (still clamped to at least 1). It serves gradient
     accumulation: when a global batch is split into micro-batches, pass the count over the WHOLE global batch (its
     number of valid tokens for "token_mean", of samples with a valid token for "seq_mean") to every micro-batch;
     the sum of the micro-batch losses (and of their gradients) then equals the loss (and gradient) of the whole
-    batch computed in one go.
+    batch computed in one go. For "nemo" pass ``B * M`` (this micro-batch's rows times the number of micro-batches
+    M): the sum over micro-batches is then NeMo-Aligner's mean of the micro-batch means.
 
     An all-zero mask gives a loss of 0, not NaN, still attached to the graph of ``logprobs`` (zero gradients).
     Masked positions of ``logprobs`` may hold any value, ``-inf`` included.
@@ -238,11 +244,54 @@ def reinforce_loss(
     if aggregation == "token_mean":
         total = per_token.sum()
         count = weights.sum()
-    else:  # seq_mean
+    else:  # seq_mean, nemo: a mean per sample
         tokens_per_sample = weights.sum(dim=-1)
         total = (per_token.sum(dim=-1) / tokens_per_sample.clamp_min(1)).sum()
-        count = (tokens_per_sample > 0).sum().to(logprobs.dtype)
+        if aggregation == "seq_mean":
+            count = (tokens_per_sample > 0).sum().to(logprobs.dtype)
+        else:
+            count = torch.tensor(float(logprobs.shape[0]), dtype=logprobs.dtype, device=logprobs.device)
 
     if normalizer is not None:
         count = torch.as_tensor(normalizer, dtype=logprobs.dtype, device=logprobs.device)
     return total / count.clamp_min(1)
+
+
+def nemo_reinforce_loss(
+    logprobs: Tensor,
+    rewards_with_kl: Tensor,
+    baseline: Tensor,
+    mask: Tensor,
+    is_end: Tensor,
+    num_micro_batches: int = 1,
+) -> Tensor:
+    """NeMo-Aligner's REINFORCE actor loss of one micro-batch of ``B`` samples (a scalar), its share of the step.
+
+    Per sample ``i`` the token mean of ``-log pi(y_{i,t}) * (r'_i - b_i)`` over its response tokens, zeroed when the
+    sample did not end properly; summed over the micro-batch, divided by its size, and by the number of
+    micro-batches ``M`` of the step (Megatron's schedule scales each micro-batch's loss by ``1 / M``)::
+
+        l_i  = is_end_i * sum_t m_{i,t} * (-logprobs_{i,t}) * (rewards_with_kl_i - baseline_i) / max(n_i, 1)
+        loss = sum_i l_i / (B * M)
+
+    so the gradients summed over the ``M`` micro-batches are those of the mean of the micro-batch means (and, with
+    gradients averaged over data-parallel ranks as NeMo-Aligner's are, of the mean over all ranks' micro-batches).
+    NeMo-Aligner computes ``masked_mean(-logp * (rewards_with_kl - baseline), mask)`` per micro-batch and skips a
+    micro-batch without an ended sample; its REINFORCE runs with ``micro_batch_size: 1``, where that is exactly
+    ``l_i`` (its ``[mbs, T] * [mbs]`` product does not broadcast for a larger micro-batch). A truncated sample still
+    counts in ``B``: its zero weighs in the mean.
+
+    Args:
+        logprobs: ``[B, T]`` log-probs of the response tokens under the policy being trained.
+        rewards_with_kl, baseline: ``[B]`` the KL-penalised rewards and their RLOO baseline (constants).
+        mask: ``[B, T]`` valid response tokens; ``is_end``: ``[B]`` bool, the samples that ended properly.
+        num_micro_batches: ``M``, the micro-batches the step is split into (over every data-parallel rank when the
+            gradients are summed over ranks, as Aligner's are).
+    """
+    if is_end.shape != logprobs.shape[:1]:
+        raise ValueError(f"is_end must be [B] = [{logprobs.shape[0]}]; got {tuple(is_end.shape)}")
+    loss_mask = response_loss_mask(mask, is_end, exclude_truncated=True)
+    rows = max(logprobs.shape[0], 1)
+    return reinforce_loss(
+        logprobs, rewards_with_kl - baseline, loss_mask, "nemo", normalizer=rows * max(num_micro_batches, 1)
+    )

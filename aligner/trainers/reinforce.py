@@ -143,6 +143,11 @@ class ReinforceTrainer:
         # Input that can be wrong is checked before any model loads.
         if self.uses_megatron and self.uses_lora:
             raise ConfigError("model.backend=megatron trains the full model: model.lora.r must be 0")
+        if self.uses_megatron and (cfg.reinforce.loss_aggregation == "nemo" or cfg.reinforce.num_mini_batches > 1):
+            raise ConfigError(
+                "model.backend=megatron takes one optimiser step per rollout with loss_aggregation token_mean or "
+                "seq_mean: set reinforce.num_mini_batches: 1 and another reinforce.loss_aggregation"
+            )
         require_packages(cfg.logging)
         train_records = read_prompt_file(cfg.data.train_file)
         val_records = read_prompt_file(cfg.data.val_file)
@@ -214,7 +219,11 @@ class ReinforceTrainer:
             trained = self.megatron_model = self._build_megatron_model()
         self.optimizer = adamw([p for p in trained.parameters() if p.requires_grad], cfg.optim, self.device)
         self.scheduler = lr_scheduler(
-            self.optimizer, cfg.optim.warmup_steps, cfg.trainer.max_steps, min_ratio=cfg.optim.min_lr / cfg.optim.lr
+            self.optimizer,
+            cfg.optim.warmup_steps,
+            cfg.trainer.max_steps,
+            min_ratio=cfg.optim.min_lr / cfg.optim.lr,
+            constant_steps=cfg.sched.constant_steps,
         )
         self.sampler = PromptSampler(len(self.train_data), cfg.seed, cfg.data.shuffle)
         if resume and (checkpoints or self.skipped_checkpoints):  # PPO's early look may have set them all aside
@@ -454,9 +463,9 @@ class ReinforceTrainer:
                 self._sampling_seed(self.step),
             )
 
-    def _micro_batches(self, batch: ResponseBatch):
-        """(rows, sub-batch) pairs of at most `optim.micro_batch_size` responses."""
-        size, step = batch.response_ids.shape[0], self.config.optim.micro_batch_size
+    def _micro_batches(self, batch: ResponseBatch, micro_batch_size: int | None = None):
+        """(rows, sub-batch) pairs of at most `micro_batch_size` (default `optim.micro_batch_size`) responses."""
+        size, step = batch.response_ids.shape[0], micro_batch_size or self.config.optim.micro_batch_size
         for start in range(0, size, step):
             rows = slice(start, start + step)
             yield rows, batch.subset(rows)
@@ -465,7 +474,7 @@ class ReinforceTrainer:
     def _logprobs(self, fn, batch: ResponseBatch) -> torch.Tensor:
         """Log-probs of the response tokens in micro-batches, padded back to the full response width."""
         out = torch.zeros(batch.response_ids.shape, device=batch.response_ids.device)
-        for rows, sub in self._micro_batches(batch):
+        for rows, sub in self._micro_batches(batch, self.config.optim.logprob_micro_batch_size):
             out[rows, : sub.response_ids.shape[1]] = fn(sub)
         return out
 
@@ -510,7 +519,10 @@ class ReinforceTrainer:
         samples = sample_rows(self.step + 1, "train", prompts, gen, rewards, kl, advantages)
         return Rollout(
             batch=batch,
-            loss_mask=response_loss_mask(gen.response_mask, gen.is_end, cfg.exclude_truncated),
+            # NeMo-Aligner's loss zeroes truncated samples whatever exclude_truncated says.
+            loss_mask=response_loss_mask(
+                gen.response_mask, gen.is_end, cfg.exclude_truncated or cfg.loss_aggregation == "nemo"
+            ),
             advantages=advantages,
             metrics=metrics,
             samples=samples,
@@ -518,31 +530,62 @@ class ReinforceTrainer:
 
     # ----------------------------------------------------------------------------------------------- optimise
     def optimise(self, rollout: Rollout) -> dict[str, float]:
+        """`reinforce.num_mini_batches` AdamW steps over consecutive mini-batches of the rollout (its advantages
+        computed once), each over micro-batches with gradient accumulation; the LR schedule moves once."""
         if self.uses_megatron:
             return self._optimise_megatron(rollout)
         cfg = self.config
-        aggregation = cfg.reinforce.loss_aggregation
         self.policy.train()
-        normalizer = rollout.loss_mask.sum() if aggregation == "token_mean" else (rollout.loss_mask.sum(-1) > 0).sum()
-        # Every micro-batch of every rank divides by the count over the whole global batch, so the gradients summed
-        # over micro-batches and ranks are the batch's, the same as one process computing it alone.
-        normalizer = distributed.all_reduce_sum(normalizer).clamp(min=1)
         lr = self.optimizer.param_groups[0]["lr"]
-        total_loss = 0.0
+        losses, grad_norms = [], []
         with self.timers.time("train"):
-            for rows, sub in self._micro_batches(rollout.batch):
-                logprobs = grouped_response_logprobs(self.policy, sub)
-                loss_mask = rollout.loss_mask[rows, : logprobs.shape[1]]
-                loss = reinforce_loss(logprobs, rollout.advantages[rows], loss_mask, aggregation, normalizer)
-                loss.backward()
-                total_loss += loss.item()
-            distributed.all_reduce_gradients(self.policy.parameters())
-            total_loss = distributed.all_reduce_sum(torch.tensor(total_loss, device=self.device)).item()
-            grad_norm = optimizer_step(
-                self.optimizer, self.policy.parameters(), cfg.optim.max_grad_norm, self.scheduler
-            )
+            # Every rank splits its share into the same number of mini-batches (some maybe empty): the steps are
+            # collective.
+            bounds = torch.linspace(0, rollout.advantages.shape[0], cfg.reinforce.num_mini_batches + 1).round().long()
+            for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+                loss = self._accumulate_gradients(rollout, slice(start, end))
+                distributed.all_reduce_gradients(self.policy.parameters())
+                losses.append(distributed.all_reduce_sum(torch.tensor(loss, device=self.device)).item())
+                grad_norms.append(
+                    optimizer_step(self.optimizer, self.policy.parameters(), cfg.optim.max_grad_norm).item()
+                )
+            self.scheduler.step()
             self.generator.update_weights(self.policy)
-        return {"train_optim/loss": total_loss, "train_optim/grad_norm": grad_norm.item(), "train_optim/lr": lr}
+        return {
+            "train_optim/loss": sum(losses) / len(losses),
+            "train_optim/grad_norm": sum(grad_norms) / len(grad_norms),
+            "train_optim/lr": lr,
+        }
+
+    def _accumulate_gradients(self, rollout: Rollout, mini: slice) -> float:
+        """Backward of the loss of the rollout's rows `mini` (this rank's part of a global mini-batch), micro-batch by
+        micro-batch; returns this rank's share of the mini-batch's loss.
+
+        Every micro-batch of every rank divides by a count over the whole global mini-batch (tokens for token_mean,
+        samples with a token for seq_mean, micro-batches for nemo), so the gradients summed over micro-batches and
+        ranks are the mini-batch's, the same as one process computing it alone."""
+        aggregation = self.config.reinforce.loss_aggregation
+        loss_mask, advantages = rollout.loss_mask[mini], rollout.advantages[mini]
+        whole = mini.start == 0 and mini.stop == rollout.advantages.shape[0]
+        micro = []
+        if advantages.numel():
+            micro = list(self._micro_batches(rollout.batch if whole else rollout.batch.subset(mini)))
+        if aggregation == "token_mean":
+            count = loss_mask.sum()
+        elif aggregation == "seq_mean":
+            count = (loss_mask.sum(-1) > 0).sum()
+        else:  # nemo: each micro-batch's mean over its rows, averaged over the global number of micro-batches
+            count = torch.tensor(len(micro), device=loss_mask.device)
+        count = distributed.all_reduce_sum(count.float()).clamp(min=1)
+        total = 0.0
+        for rows, sub in micro:
+            logprobs = grouped_response_logprobs(self.policy, sub)
+            sub_mask = loss_mask[rows, : logprobs.shape[1]]
+            normalizer = count * sub_mask.shape[0] if aggregation == "nemo" else count
+            loss = reinforce_loss(logprobs, advantages[rows], sub_mask, aggregation, normalizer)
+            loss.backward()
+            total += loss.item()
+        return total
 
     def _optimise_megatron(self, rollout: Rollout) -> dict[str, float]:
         """The same step on this rank's Megatron shard: the normaliser summed over DP ranks, clipping over every
