@@ -8,7 +8,8 @@
 [prompt | response] rows to the critic server's critic_infer (values, and rewards with critic.use_critic_rewards)
 and compute the reference log-probs while it works, then the per-token rewards with the KL penalty, GAE advantages
 and returns (aligner/algorithms/ppo.py), and one update of each side: the actor on the clipped-ratio loss over the
-rollout in micro-batches (one optimiser step, NeMo-Aligner's default of one PPO epoch), the critic by one
+rollout in micro-batches (one optimiser step, NeMo-Aligner's default of one PPO epoch; truncated samples left out,
+`ppo.exclude_truncated`, as NeMo's is_end mask does), the critic by one
 critic_train request that runs on the server while the actor trains. A checkpoint holds the critic too
 (`<checkpoint>/critic/critic.pt`, written by the server through critic_save), so a resumed run is exact.
 
@@ -38,7 +39,7 @@ from aligner.algorithms.ppo import (
     per_token_rewards,
     ppo_actor_loss,
 )
-from aligner.algorithms.reinforce import kl_penalty, masked_mean
+from aligner.algorithms.reinforce import kl_penalty, masked_mean, response_loss_mask
 from aligner.data.prompts import PromptDataset
 from aligner.errors import ConfigError, CriticServerUnavailableError, ServerUnavailableError
 from aligner.generation.generator import GenerationOutput
@@ -57,6 +58,7 @@ class PPORollout:
 
     batch: ResponseBatch
     mask: torch.Tensor  # [B, T] float, valid response tokens
+    loss_mask: torch.Tensor  # [B, T] float, the tokens of the actor loss (without truncated samples by default)
     old_logprobs: torch.Tensor  # the sampling policy's
     advantages: torch.Tensor
     returns: torch.Tensor
@@ -247,9 +249,11 @@ class PPOTrainer(ReinforceTrainer):
         metrics = rollout_metrics(
             gen,
             rewards,
-            token_rewards.sum(-1),
+            # NeMo-Aligner's rewards_with_kl: each sample's per-token rewards averaged over its tokens.
+            masked_mean(token_rewards, mask, dim=-1),
             kl,
             {
+                "train_rollouts/rewards_with_kl_sum": token_rewards.sum(-1).mean().item(),
                 "train_rollouts/values": masked_mean(values, mask).item(),
                 "train_rollouts/returns": masked_mean(returns, mask).item(),
             },
@@ -258,6 +262,7 @@ class PPOTrainer(ReinforceTrainer):
         return PPORollout(
             batch=batch,
             mask=mask,
+            loss_mask=response_loss_mask(mask, gen.is_end, ppo.exclude_truncated),
             old_logprobs=logprobs,
             advantages=advantages,
             returns=returns,
@@ -302,8 +307,8 @@ class PPOTrainer(ReinforceTrainer):
             for start in range(0, total, size):
                 mini = slice(start, min(start + size, total))
                 batch = rollout.batch.subset(mini)
-                mask = rollout.mask[mini]
-                normalizer = mask.sum().clamp(min=1)  # every token of the mini-batch weighs the same
+                mask = rollout.loss_mask[mini]
+                normalizer = mask.sum().clamp(min=1)  # every token of the mini-batch's loss weighs the same
                 loss_sum = 0.0
                 for rows, sub in self._micro_batches(batch):
                     logits = grouped_response_logits(self.policy, sub)
@@ -337,7 +342,7 @@ class PPOTrainer(ReinforceTrainer):
             self.generator.update_weights(self.policy)
         with self.timers.time("critic_train"):
             critic_loss = critic_step.result()
-        tokens = rollout.mask.sum().clamp(min=1).item()
+        tokens = rollout.loss_mask.sum().clamp(min=1).item()
         return {
             "train_optim/loss": sum(losses) / len(losses),
             "train_optim/grad_norm": sum(grad_norms) / len(grad_norms),

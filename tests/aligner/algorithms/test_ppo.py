@@ -20,6 +20,7 @@ from aligner.algorithms.ppo import (
     per_token_rewards,
     ppo_actor_loss,
 )
+from aligner.algorithms.reinforce import response_loss_mask
 
 INF = float("inf")
 NAN = float("nan")
@@ -285,3 +286,16 @@ def test_clipped_value_loss_without_clipping_and_with_a_normalizer():
     assert clipped_value_loss(values, old, returns, torch.zeros(1, 4)).item() == 0
     with pytest.raises(ValueError, match="same shape"):
         clipped_value_loss(values, old[:, :3], returns, mask)
+
+
+def test_actor_loss_without_truncated_samples_is_nemos_is_end_masked_mean():
+    # Ratio 1 everywhere (logprobs == old): the loss is -mean(A) over the tokens kept. Sample 1 was truncated.
+    logprobs = t([[-1.0, -2.0], [-1.0, -1.0], [-0.5, -3.0]])
+    advantages = t([[1.0, 3.0], [10.0, 10.0], [-2.0, 0.0]])
+    mask, is_end = t([[1, 1], [1, 1], [1, 0]]), torch.tensor([True, False, True])
+    kept = response_loss_mask(mask, is_end, exclude_truncated=True)
+    loss, _ = ppo_actor_loss(logprobs, logprobs, advantages, kept)
+    # NeMo: masked_mean(max(-A rho, -A clip(rho)), mask * is_end) = -(1 + 3 - 2) / 3 = -2/3
+    assert_close(loss, t(-2 / 3))
+    # With the truncated sample: -(1 + 3 + 10 + 10 - 2) / 5 = -22/5
+    assert_close(ppo_actor_loss(logprobs, logprobs, advantages, mask)[0], t(-22 / 5))

@@ -13,6 +13,7 @@ from aligner.algorithms.reinforce import (
     advantages_from_baseline,
     kl_penalty,
     masked_mean,
+    nemo_reinforce_loss,
     reinforce_loss,
     response_loss_mask,
     rewards_with_kl,
@@ -296,7 +297,7 @@ def test_reinforce_loss_grad_seq_mean():
     assert_close(logprobs.grad, t([[-1.0 / 3.0] * 3, [0.25, 0.25, 0.0]]))
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean", "nemo"])
 def test_reinforce_loss_all_zero_mask(aggregation):
     logprobs = t(LP).requires_grad_()
     loss = reinforce_loss(logprobs, t(ADV), torch.zeros(2, 3), aggregation=aggregation)
@@ -341,6 +342,60 @@ def test_reinforce_loss_gradient_accumulation(aggregation):
 
     assert_close(total, full.detach())
     assert_close(micro_lp.grad, full_lp.grad)
+
+
+# -------------------------------------------------------------------------------------------- nemo_reinforce_loss
+
+
+def test_nemo_reinforce_loss_hand_values():
+    # Three samples; sample 2 was truncated (is_end False), sample 1 has one token.
+    logprobs = t([[-1.0, -3.0, -2.0], [-4.0, -9.0, -9.0], [-0.5, -0.5, -0.5]]).requires_grad_()
+    mask = t([[1, 1, 1], [1, 0, 0], [1, 1, 1]])
+    rewards_with_kl, baseline = t([2.0, -1.0, 5.0]), t([1.0, 1.0, 0.0])  # advantages 1, -2, 5
+    is_end = torch.tensor([True, True, False])
+    loss = nemo_reinforce_loss(logprobs, rewards_with_kl, baseline, mask, is_end, num_micro_batches=2)
+    # l_0 = (1 + 3 + 2) * 1 / 3 = 2;  l_1 = 4 * (-2) / 1 = -8;  l_2 = 0 (truncated)
+    # loss = (2 - 8 + 0) / (B * M) = -6 / (3 * 2) = -1
+    assert_close(loss, t(-1.0))
+    loss.backward()
+    # d loss / d logprobs_{i,t} = -A_i * is_end_i * m_{i,t} / n_i / (B * M):  row 0: -1 / 3 / 6 = -1/18;
+    # row 1: 2 / 1 / 6 = 1/3 on its one token; row 2: 0
+    assert_close(logprobs.grad, t([[-1 / 18] * 3, [1 / 3, 0.0, 0.0], [0.0] * 3]))
+
+
+def test_nemo_aggregation_differs_from_token_mean_and_seq_mean():
+    # The same batch with every sample ended: nemo = seq_mean only when every sample has a token; here sample 1 has
+    # none, which nemo counts (divides by B = 2) and seq_mean does not (divides by 1).
+    logprobs, advantages, mask = t([[-1.0, -3.0], [-2.0, -2.0]]), t([1.0, 1.0]), t([[1, 1], [0, 0]])
+    # per-sample token means: (1 + 3) / 2 = 2 and 0
+    assert_close(reinforce_loss(logprobs, advantages, mask, "nemo"), t(1.0))  # (2 + 0) / 2
+    assert_close(reinforce_loss(logprobs, advantages, mask, "seq_mean"), t(2.0))  # 2 / 1
+    # token_mean weighs tokens: with a longer second sample the two differ.
+    mask = t([[1, 0], [1, 1]])  # means 1 and 2: nemo (1 + 2) / 2 = 1.5; token_mean (1 + 2 + 2) / 3 = 5/3
+    assert_close(reinforce_loss(logprobs, advantages, mask, "nemo"), t(1.5))
+    assert_close(reinforce_loss(logprobs, advantages, mask, "token_mean"), t(5 / 3))
+
+
+def test_nemo_micro_batches_sum_to_the_mean_of_micro_batch_means():
+    gen = torch.Generator().manual_seed(5)
+    base = -torch.rand(6, 4, generator=gen, dtype=torch.float64) * 3
+    rewards, baseline = torch.randn(6, generator=gen, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    mask = torch.arange(4)[None, :] < torch.tensor([4, 2, 1, 3, 0, 4])[:, None]
+    is_end = torch.tensor([True, False, True, True, True, False])
+    lp = base.clone().requires_grad_()
+    total = sum(
+        nemo_reinforce_loss(lp[sl], rewards[sl], baseline[sl], mask[sl], is_end[sl], num_micro_batches=3)
+        for sl in (slice(0, 2), slice(2, 4), slice(4, 6))
+    )
+    # NeMo's formula written out: per micro-batch the mean over its 2 samples of is_end * token mean, then the mean
+    # over the 3 micro-batches.
+    ref_lp = base.clone().requires_grad_()
+    per_sample = (-ref_lp * (rewards - baseline)[:, None] * mask).sum(-1) / mask.sum(-1).clamp(min=1) * is_end
+    reference = per_sample.view(3, 2).mean(-1).mean()
+    assert_close(total, reference)
+    total.backward()
+    reference.backward()
+    assert_close(lp.grad, ref_lp.grad)
 
 
 def test_reinforce_loss_errors():

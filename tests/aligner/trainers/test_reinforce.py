@@ -52,10 +52,16 @@ def without_timers(rows):
 
 def test_two_steps_resume_two_steps_equals_four_steps(run_config, capsys):
     """... and the resume goes past damaged newer checkpoints: step 3 torn (its manifest tells), step 4 from an older
-    version (no manifest) whose state cannot be loaded. Both are set aside with a warning; step 2 is taken."""
-    straight = train(run_config("straight"))
+    version (no manifest) whose state cannot be loaded. Both are set aside with a warning; step 2 is taken. With two
+    optimiser steps per rollout, log-probs in micro-batches of their own size, and a constant LR phase."""
+    knobs = {
+        "reinforce": {"num_mini_batches": 2},
+        "optim": {"logprob_micro_batch_size": 2},
+        "sched": {"constant_steps": 1},
+    }
+    straight = train(run_config("straight", **knobs))
     # With TensorBoard and MLflow on: both follow the resume (tests/aligner/trainers/test_run_log.py has the details).
-    interrupted = run_config("resumed", logging={"tensorboard": True, "mlflow": True})
+    interrupted = run_config("resumed", logging={"tensorboard": True, "mlflow": True}, **knobs)
     first = train(interrupted, until_step=2)
     assert first.step == 2 and not first.final_policy_dir.exists()
     two = first.run_dir / CHECKPOINT_DIR / "step_000002"
@@ -85,6 +91,7 @@ def test_two_steps_resume_two_steps_equals_four_steps(run_config, capsys):
     assert not all(torch.equal(a[k], straight.reference.state_dict()[k]) for k in a)  # training changed weights
     for sa, sb in zip(straight.optimizer.state.values(), resumed.optimizer.state.values()):
         assert torch.equal(sa["exp_avg"], sb["exp_avg"])
+        assert sa["step"].item() == sb["step"].item() == 8  # 4 rollouts x 2 mini-batches
     # The metrics of the resumed run are those of the straight run, each step once.
     rows_a = without_timers(read_jsonl(straight.run_dir / "metrics.jsonl"))
     rows_b = without_timers(read_jsonl(resumed.run_dir / "metrics.jsonl"))
@@ -226,3 +233,41 @@ def test_cli_train_prints_a_reward_summary(run_config, tmp_path, capsys):
     assert f"train reward (mean of 2 steps): {(first + rows[2]['train_rollouts/rewards']) / 2:+.3f}" in out
     assert f"validation reward {rows[0]['val/rewards']:+.3f} at step 0" in out
     assert "final policy:" in out
+
+
+def test_nemo_loss_gradient_is_autograd_of_nemos_formula_over_micro_batches(run_config):
+    """The trainer's accumulated gradient in loss_aggregation: nemo (micro-batches of 2, 2, 1) equals the gradient
+    of NeMo-Aligner's loss written out: per micro-batch the mean over its samples of is_end * the token mean of
+    -logp * advantage, then the mean over the micro-batches."""
+    from aligner.algorithms.reinforce import response_loss_mask
+    from aligner.modeling.batches import ResponseBatch
+    from aligner.modeling.hf import load_policy
+    from aligner.modeling.logprobs import grouped_response_logprobs
+    from aligner.trainers.reinforce import Rollout
+
+    config = run_config(reinforce={"loss_aggregation": "nemo"}, optim={"micro_batch_size": 2})
+    trainer = ReinforceTrainer(config)
+    trainer.policy = load_policy(config.model.policy_path)
+    gen = torch.Generator().manual_seed(0)
+    batch = ResponseBatch(
+        prompt_ids=torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]]),
+        prompt_mask=torch.tensor([[False, True, True, True], [True, True, True, True]]),
+        group=torch.tensor([0, 0, 1, 1, 1]),
+        response_ids=torch.randint(12, 60, (5, 4), generator=gen),
+        response_mask=torch.arange(4)[None, :] < torch.tensor([4, 2, 3, 1, 4])[:, None],
+    )
+    is_end = torch.tensor([True, False, True, True, True])
+    advantages = torch.tensor([0.5, 2.0, -1.0, 3.0, -0.25])
+    mask = response_loss_mask(batch.response_mask, is_end, exclude_truncated=True)
+    loss = trainer._accumulate_gradients(Rollout(batch, mask, advantages), slice(0, 5))
+    grads = [p.grad.clone() for p in trainer.policy.parameters()]
+
+    trainer.policy.zero_grad()
+    logprobs = grouped_response_logprobs(trainer.policy, batch)
+    valid = batch.response_mask.float()
+    per_sample = (-logprobs * advantages[:, None] * valid).sum(-1) / valid.sum(-1) * is_end
+    reference = torch.stack([per_sample[0:2].mean(), per_sample[2:4].mean(), per_sample[4:5].mean()]).mean()
+    reference.backward()
+    assert loss == pytest.approx(reference.item(), rel=1e-5)
+    for got, expected in zip(grads, (p.grad for p in trainer.policy.parameters())):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)

@@ -66,6 +66,16 @@ def test_values_worked_by_hand():
     assert lr_multiplier(55, 10, 100, 0.1) == pytest.approx(0.55)
 
 
+def test_constant_steps_hold_min_ratio_at_the_end_as_nemos_cosine_annealing():
+    # Warmup 2, max 12, constant 4: the cosine spans steps 2 .. 8 (6 steps), halfway at step 5, then min_ratio.
+    assert lr_multiplier(1, 2, 12, 0.1, constant_steps=4) == 1.0
+    assert lr_multiplier(5, 2, 12, 0.1, constant_steps=4) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert [lr_multiplier(s, 2, 12, 0.1, constant_steps=4) for s in (8, 10, 12, 20)] == pytest.approx([0.1] * 4)
+    assert lr_multiplier(7, 2, 12, 0.1, constant_steps=4) > 0.1
+    # 0 constant steps is the schedule without them.
+    assert all(lr_multiplier(s, 2, 12, 0.1, constant_steps=0) == lr_multiplier(s, 2, 12, 0.1) for s in range(13))
+
+
 @pytest.mark.parametrize("decay", ["cosine", "linear"])
 @pytest.mark.parametrize("min_ratio", [0.0, 0.1, 0.5])
 def test_decay_reaches_min_ratio_at_max_steps_and_stays(decay, min_ratio):
