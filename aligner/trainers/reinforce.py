@@ -539,11 +539,8 @@ class ReinforceTrainer:
         lr = self.optimizer.param_groups[0]["lr"]
         losses, grad_norms = [], []
         with self.timers.time("train"):
-            # Every rank splits its share into the same number of mini-batches (some maybe empty): the steps are
-            # collective.
-            bounds = torch.linspace(0, rollout.advantages.shape[0], cfg.reinforce.num_mini_batches + 1).round().long()
-            for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-                loss = self._accumulate_gradients(rollout, slice(start, end))
+            for mini in self._mini_batches(rollout.advantages.shape[0]):
+                loss = self._accumulate_gradients(rollout, mini)
                 distributed.all_reduce_gradients(self.policy.parameters())
                 losses.append(distributed.all_reduce_sum(torch.tensor(loss, device=self.device)).item())
                 grad_norms.append(
@@ -556,6 +553,19 @@ class ReinforceTrainer:
             "train_optim/grad_norm": sum(grad_norms) / len(grad_norms),
             "train_optim/lr": lr,
         }
+
+    def _mini_batches(self, local_size: int) -> list[slice]:
+        """This rank's rows of each of the `reinforce.num_mini_batches` consecutive mini-batches of the GLOBAL rollout
+        (ranks hold consecutive shares of it), so the steps are those of one process; a slice may be empty, every
+        rank still takes part in each (collective) step."""
+        sizes = distributed.all_gather_objects(local_size)
+        offset, total = sum(sizes[: distributed.rank()]), sum(sizes)
+        n = self.config.reinforce.num_mini_batches
+        bounds = [round(total * k / n) for k in range(n + 1)]
+        return [
+            slice(min(max(a - offset, 0), local_size), min(max(b - offset, 0), local_size))
+            for a, b in zip(bounds, bounds[1:])
+        ]
 
     def _accumulate_gradients(self, rollout: Rollout, mini: slice) -> float:
         """Backward of the loss of the rollout's rows `mini` (this rank's part of a global mini-batch), micro-batch by

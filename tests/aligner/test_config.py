@@ -53,6 +53,10 @@ def test_overrides_are_typed_and_nested(tmp_path, monkeypatch):
         ("reward.model_path=rm", "give exactly one of reward.function, reward.model_path or reward.server_url"),
         ("reward.unavailable_timeout_s=-1", "reward.unavailable_timeout_s: must be a number of seconds >= 0 (0: do"),
         ("critic.unavailable_timeout_s=.inf", "critic.unavailable_timeout_s: must be a number of seconds >= 0"),
+        ("reinforce.num_mini_batches=33", "num_mini_batches (33) must not exceed the rollout's samples"),
+        ("reinforce.loss_aggregation=sum", "reinforce.loss_aggregation: Input should be 'token_mean', 'seq_mean'"),
+        ("sched.constant_steps=-1", "sched.constant_steps: Input should be greater than or equal to 0"),
+        ("optim.logprob_micro_batch_size=0", "optim.logprob_micro_batch_size: Input should be greater than or"),
     ],
 )
 def test_bad_values_name_the_field(tmp_path, override, message):

@@ -116,11 +116,12 @@ def _run(command: list[str], timeout: float = 300) -> subprocess.CompletedProces
 
 @pytest.mark.slow
 def test_two_ranks_on_a_global_batch_make_the_one_rank_update(tmp_path, tiny_policy_dir):
-    """Same rollout (samples that do not depend on the split), 2 optimiser steps: gradients, weights, metrics and
-    logged samples of 2 processes are those of 1 process, to float rounding."""
+    """Same rollout (samples that do not depend on the split), 2 steps of 2 mini-batches each (the global rollout's
+    halves, which cut across the ranks' shares of 9 and 6 samples): gradients, weights, metrics and logged samples of
+    2 processes are those of 1 process, to float rounding."""
     results = {}
     for ranks in (1, 2):
-        config = _config(tmp_path, tiny_policy_dir, f"run{ranks}")
+        config = _config(tmp_path, tiny_policy_dir, f"run{ranks}", reinforce={"num_mini_batches": 2})
         (tmp_path / f"config{ranks}.json").write_text(json.dumps(config))
         worker = [
             "-m",
@@ -133,7 +134,7 @@ def test_two_ranks_on_a_global_batch_make_the_one_rank_update(tmp_path, tiny_pol
     one, two = results[1], results[2]
     assert (one["world_size"], two["world_size"]) == (1, 2)
 
-    assert len(one["grads"]) == len(two["grads"]) == 2
+    assert len(one["grads"]) == len(two["grads"]) == 4
     for g1, g2 in zip(one["grads"], two["grads"]):
         assert g1.keys() == g2.keys()
         assert any(g.abs().max() > 0 for g in g1.values())  # a real update, not a batch of zero advantages
