@@ -6,7 +6,8 @@
 
 A step: draw `num_prompts_per_step` prompts, sample `num_rollouts_per_prompt` responses for each, score them,
 compute the KL to the frozen initial policy, the RLOO baseline and the advantages, then one AdamW step over the
-batch in micro-batches. Lifecycle: `setup` -> `fit` (-> `rollout`, `optimise`, `validate`, `save_checkpoint`);
+batch in micro-batches (`reinforce.num_mini_batches` steps over consecutive mini-batches of it). Lifecycle:
+`setup` -> `fit` (-> `rollout`, `optimise`, `validate`, `save_checkpoint`);
 `load_checkpoint` restores everything a step depends on, so 2 steps + resume + 2 steps equals 4 steps.
 `checkpoints/best.json` names the checkpoint with the best validation reward (`checkpoint.best_checkpoint`), which
 pruning keeps. PPO (aligner/trainers/ppo.py) is a subclass that replaces `rollout` and `optimise`. Validation also
