@@ -226,8 +226,8 @@ class RemoteCriticClient:
         folder gets ``critic.pt`` inside. Returns the file written; None from NeMo-Aligner's server, which saves
         where its own config says (``path`` is not sent)."""
         name, batch = self._save_interface()
+        shape = [1, 1] if batch else [1]  # a model without batching (NeMo's) takes the bare [1]
         if name == "dummy_var":
-            shape = [1, 1] if batch else [1]  # NeMo's critic_save is not batched
             payload = {"inputs": [{"name": name, "shape": shape, "datatype": "INT64", "data": [0]}]}
             answer = self._request("POST", "/v2/models/critic_save/infer", payload, self.train_timeout_s)
             status = outputs_by_name(answer).get("status", {}).get("data")
@@ -235,7 +235,7 @@ class RemoteCriticClient:
                 raise CriticError(f"critic server {self.url} answered critic_save without status 0 (saved)")
             return None
         target = os.path.abspath(path) + (os.sep if str(path).endswith(("/", os.sep)) else "")
-        payload = {"inputs": [{"name": "path", "shape": [1, 1], "datatype": "BYTES", "data": [target]}]}
+        payload = {"inputs": [{"name": "path", "shape": shape, "datatype": "BYTES", "data": [target]}]}
         answer = self._request("POST", "/v2/models/critic_save/infer", payload, self.train_timeout_s)
         written = outputs_by_name(answer).get("path", {}).get("data")
         if not isinstance(written, list) or len(written) != 1 or not isinstance(written[0], str):
