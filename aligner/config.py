@@ -149,6 +149,13 @@ class RewardConfig(Section):
         "NeMo-Aligner's reward_model interface), e.g. http://127.0.0.1:8000",
     )
     model_name: str = Field("reward_model", description="Model name on the reward server.")
+    server_inputs: Literal["auto", "aligner", "sentences", "tokens"] = Field(
+        "auto",
+        description="What the client sends a reward server. auto: what its model declares (Triton's model "
+        "metadata), first of prompts+responses(+metadata) (`aligner serve-reward`), sentences (prompt + response "
+        "text) and tokens+sequence_lengths (the policy's tokenizer; NeMo-Aligner's reward_model). The others force "
+        "one of these.",
+    )
     batch_size: int = Field(32, ge=1, description="Samples scored per forward of a reward model.")
     timeout_s: float = Field(60.0, gt=0, description="Seconds a request to the reward server may take.")
     max_retries: int = Field(

@@ -9,16 +9,26 @@ from aligner.rewards.interface import RewardClient
 from aligner.rewards.local import FunctionRewardClient, ModelRewardClient
 
 
-def build_reward_client(config: RewardConfig, device: str | torch.device = "cpu", on_wait=None) -> RewardClient:
-    """`on_wait`: called with an `aligner.rewards.http.ServerWait` while a reward server is away (servers only)."""
+def build_reward_client(
+    config: RewardConfig, device: str | torch.device = "cpu", on_wait=None, tokenizer_path: str | None = None
+) -> RewardClient:
+    """`on_wait`: called with an `aligner.rewards.http.ServerWait` while a reward server is away (servers only);
+    `tokenizer_path`: the policy's tokenizer, loaded only for a reward server that takes tokens."""
     if config.server_url:
         from aligner.rewards.remote import RemoteRewardClient
+
+        def policy_tokenizer():
+            from aligner.modeling.hf import load_tokenizer
+
+            return load_tokenizer(tokenizer_path)
 
         return RemoteRewardClient(
             config.server_url,
             config.model_name,
             timeout_s=config.timeout_s,
             max_retries=config.max_retries,
+            server_inputs=config.server_inputs,
+            load_tokenizer=policy_tokenizer if tokenizer_path else None,
             unavailable_timeout_s=config.unavailable_timeout_s,
             on_wait=on_wait,
         )

@@ -2,10 +2,10 @@
 
     reward: {server_url: http://127.0.0.1:8000}        # in an `aligner train` config
 
-`RemoteRewardClient` (aligner/rewards/remote.py) sends `prompts` and `responses` (BYTES, plus `metadata` as JSON) to
-`aligner serve-reward`; with `sentences_only=True` it sends NeMo-Aligner's single `sentences` input (prompt +
-response) instead, which any NeMo-Aligner-compatible reward server understands. `RemoteCriticClient`
-(aligner/trainers/critic_client.py) talks to `aligner serve-critic`. Both send every request through one
+`RemoteRewardClient` (aligner/rewards/remote.py) sends what the model declares: `prompts` and `responses` (BYTES,
+plus `metadata` as JSON) to `aligner serve-reward`, NeMo-Aligner's `sentences` or `tokens` to a NeMo-Aligner reward
+server. `RemoteCriticClient` (aligner/trainers/critic_client.py) talks to `aligner serve-critic` or NeMo-Aligner's
+critic server. Both send every request through one
 `ServerConnection`, which tells three kinds of failure apart:
 
 - **the server is away** (connection refused or reset, no answer within the timeout, HTTP 502/503/504, Triton's 400/404

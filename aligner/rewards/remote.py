@@ -1,11 +1,16 @@
 """`RemoteRewardClient`: rewards from a Triton reward server (Aligner's or NeMo-Aligner's), split into batches the
 server accepts, retried on transient failures and while the server is away (aligner/rewards/http.py).
+
+What it sends is what the model declares (`GET /v2/models/NAME` -> `inputs`, read once; `choose_inputs`):
+`prompts` + `responses` (+ `metadata`, JSON, when declared) to `aligner serve-reward`; else `sentences` (prompt +
+response text, as NeMo-Aligner's reward server tokenizes it); else `tokens` [B, S] (int64, zero-padded) +
+`sequence_lengths` [B, 1], the prompt and response tokenized with the policy's tokenizer. `server_inputs` forces one.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -14,6 +19,48 @@ import torch
 from aligner.errors import RewardError
 from aligner.rewards.http import ServerConnection, ServerWait, int_field, outputs_by_name
 from aligner.rewards.interface import check_rewards
+
+# What each way of calling a reward model needs the model to declare; `auto` takes the first the model declares.
+REQUIRED_INPUTS = {
+    "aligner": ("prompts", "responses"),
+    "sentences": ("sentences",),
+    "tokens": ("tokens", "sequence_lengths"),
+}
+
+
+def declared_inputs(metadata: dict[str, Any]) -> set[str] | None:
+    """The input names a KServe v2 model metadata answer declares; None when it lists none (a server that does not
+    say: Aligner's own interface is assumed)."""
+    inputs = metadata.get("inputs")
+    if not isinstance(inputs, list):
+        return None
+    names = {i["name"] for i in inputs if isinstance(i, dict) and isinstance(i.get("name"), str)}
+    return names or None
+
+
+def choose_inputs(declared: Iterable[str] | None, server_inputs: str = "auto", who: str = "reward server") -> str:
+    """How to call (aligner | sentences | tokens) a model declaring `declared` (None: it does not say), as
+    `server_inputs` (`reward.server_inputs`) asks. Errors name only our own input names, never the server's."""
+    if server_inputs != "auto" and server_inputs not in REQUIRED_INPUTS:
+        raise ValueError(f"server_inputs must be auto, aligner, sentences or tokens; got {server_inputs!r}")
+    if declared is None:
+        return "aligner" if server_inputs == "auto" else server_inputs
+    declared = set(declared)
+    if server_inputs != "auto":
+        missing = [n for n in REQUIRED_INPUTS[server_inputs] if n not in declared]
+        if missing:
+            raise RewardError(
+                f"{who}: reward.server_inputs is {server_inputs}, but the model declares no {' or '.join(missing)} "
+                "input; use auto"
+            )
+        return server_inputs
+    for mode, names in REQUIRED_INPUTS.items():
+        if all(n in declared for n in names):
+            return mode
+    raise RewardError(
+        f"{who}: the model declares none of the inputs a reward client sends: prompts + responses (aligner "
+        "serve-reward), sentences, or tokens + sequence_lengths (NeMo-Aligner's reward_model)"
+    )
 
 
 class RemoteRewardClient:
@@ -25,13 +72,16 @@ class RemoteRewardClient:
         max_retries: int = 3,
         backoff_s: float = 0.5,
         max_concurrency: int = 4,
-        sentences_only: bool = False,
+        server_inputs: str = "auto",
+        load_tokenizer: Callable[[], Any] | None = None,
         unavailable_timeout_s: float = 600.0,
         on_wait: Callable[[ServerWait], None] | None = None,
         **connection: Any,
     ):
-        """`unavailable_timeout_s`: how long a request waits for a server that is away; `on_wait` hears of it
-        (`ServerWait`); `connection`: more of `ServerConnection`'s arguments (max_backoff_s, sleep, clock)."""
+        """`server_inputs`: auto (what the model declares) | aligner | sentences | tokens (`choose_inputs`);
+        `load_tokenizer`: returns the policy's tokenizer, called once if tokens are sent. `unavailable_timeout_s`: how
+        long a request waits for a server that is away; `on_wait` hears of it (`ServerWait`); `connection`: more of
+        `ServerConnection`'s arguments (max_backoff_s, sleep, clock)."""
         self.connection = ServerConnection(
             url,
             timeout_s=timeout_s,
@@ -41,11 +91,21 @@ class RemoteRewardClient:
             on_wait=on_wait,
             **connection,
         )
-        self.url, self.model_name, self.sentences_only = self.connection.url, model_name, sentences_only
+        self.url, self.model_name = self.connection.url, model_name
         # Two pools: a submitted scoring job waits on its chunks, which must never queue behind other jobs.
         self.pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="reward-client")
         self.chunk_pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="reward-chunks")
         self.max_batch_size = self._model_max_batch_size()
+        self.declared = declared_inputs(self._request("GET", f"/v2/models/{self.model_name}"))
+        self.inputs = choose_inputs(self.declared, server_inputs, f"reward server {self.url}")
+        self.sends_metadata = self.inputs == "aligner" and (self.declared is None or "metadata" in self.declared)
+        self.tokenizer = None
+        if self.inputs == "tokens":
+            if load_tokenizer is None:
+                raise RewardError(
+                    f"reward server {self.url} takes tokens: the client needs the policy's tokenizer to send them"
+                )
+            self.tokenizer = load_tokenizer()
 
     # --------------------------------------------------------------------------------------------- HTTP
     def _request(self, method: str, path: str, payload: dict | None = None) -> dict:
@@ -58,14 +118,15 @@ class RemoteRewardClient:
     # --------------------------------------------------------------------------------------------- scoring
     def _infer(self, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]) -> list[float]:
         n = len(prompts)
-        if self.sentences_only:
+        if self.inputs == "sentences":
             inputs = [bytes_input("sentences", [p + r for p, r in zip(prompts, responses)])]
+        elif self.inputs == "tokens":
+            tokens, lengths = token_rows(self.tokenizer, prompts, responses)
+            inputs = [int64_input("tokens", tokens), int64_input("sequence_lengths", lengths)]
         else:
-            inputs = [
-                bytes_input("prompts", prompts),
-                bytes_input("responses", responses),
-                bytes_input("metadata", [json.dumps(m or {}) for m in metadata]),
-            ]
+            inputs = [bytes_input("prompts", prompts), bytes_input("responses", responses)]
+            if self.sends_metadata:
+                inputs.append(bytes_input("metadata", [json.dumps(m or {}) for m in metadata]))
         out = self._request("POST", f"/v2/models/{self.model_name}/infer", {"inputs": inputs})
         data = outputs_by_name(out).get("rewards", {}).get("data")
         if not isinstance(data, list):
@@ -105,3 +166,23 @@ class RemoteRewardClient:
 
 def bytes_input(name: str, values: list[str]) -> dict:
     return {"name": name, "shape": [len(values), 1], "datatype": "BYTES", "data": values}
+
+
+def int64_input(name: str, rows: list[list[int]]) -> dict:
+    data = [v for r in rows for v in r]
+    return {"name": name, "shape": [len(rows), len(rows[0])], "datatype": "INT64", "data": data}
+
+
+def token_rows(tokenizer, prompts: list[str], responses: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """([B, S] prompt + response token ids, zero-padded as NeMo-Aligner's actor pads them; [B, 1] lengths). A prompt
+    gets the tokenizer's special tokens unless it starts with its BOS already (a chat template writes it); a response
+    none (generation's EOS is not in its text)."""
+    bos = getattr(tokenizer, "bos_token", None)
+    rows = []
+    for prompt, response in zip(prompts, responses):
+        special = not (bos and prompt.startswith(bos))
+        ids = list(tokenizer(prompt, add_special_tokens=special)["input_ids"])
+        ids += tokenizer(response, add_special_tokens=False)["input_ids"] if response else []
+        rows.append(ids or [0])  # Triton takes no empty row; a one-token row of padding scores as the server says
+    width = max(len(r) for r in rows)
+    return [r + [0] * (width - len(r)) for r in rows], [[len(r)] for r in rows]

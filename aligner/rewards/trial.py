@@ -88,7 +88,9 @@ def try_reward(config: TrainConfig, num_prompts: int = 4, num_samples: int = 4) 
         torch.set_num_threads(config.model.num_threads)
     quiet_transformers()
     source = _reward_source(config)
-    client = build_reward_client(config.reward, device=device)
+    client = build_reward_client(
+        config.reward, device=device, tokenizer_path=config.model.tokenizer_path or config.model.policy_path
+    )
     try:
         tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.policy_path)
         data = build_prompt_dataset(records, tokenizer, config.data.apply_chat_template, config.data.max_prompt_length)

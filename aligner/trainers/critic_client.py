@@ -6,6 +6,11 @@
     loss = critic.train(tokens, lengths, returns, prev_values, mask)     # one optimiser step of the critic
     critic.save("/abs/run/checkpoints/step_10/critic.pt")                # restart with --checkpoint to resume
 
+It talks to NeMo-Aligner's critic server too, telling the two apart by the inputs each model declares (Triton's
+model metadata, `GET /v2/models/NAME`): a critic_train without `sequence_lengths` is NeMo's (one request of `tokens`
+[B, S] and `returns`, `prev_values`, `mask` [B, S - 1]; it answers `loss_mean`), a critic_save declaring `dummy_var`
+rather than `path` is NeMo's (it saves where its own config says, and answers `status`).
+
 Inference is split into requests of the server's `max_batch_size` rows sent concurrently; a training step is never
 split (it is one optimiser step) and is refused if larger than the server's `train_max_batch_size`. Every request
 goes through a `ServerConnection` (aligner/rewards/http.py): a timeout, bounded retries of transient failures, and
@@ -31,6 +36,7 @@ import torch
 
 from aligner.errors import CriticError, CriticServerUnavailableError
 from aligner.rewards.http import ServerConnection, ServerWait, int_field, outputs_by_name
+from aligner.rewards.remote import declared_inputs
 
 
 def _array(value, dtype) -> np.ndarray:
@@ -96,6 +102,10 @@ class RemoteCriticClient:
         )
         train_config = self._request("GET", "/v2/models/critic_train/config")
         self.train_max_batch_size = int_field(train_config, "max_batch_size", who, CriticError)
+        train_inputs = declared_inputs(self._request("GET", "/v2/models/critic_train"))
+        # NeMo-Aligner's critic_train takes no lengths (its mask says where the responses are) and [B, S - 1] targets.
+        self.train_sends_lengths = train_inputs is None or "sequence_lengths" in train_inputs
+        self._save_call: tuple[str, int] | None = None  # (input name, max_batch_size) of critic_save, once asked
 
     def _request(
         self, method: str, path: str, payload: dict | None = None, timeout_s: float | None = None, idempotent=True
@@ -161,7 +171,8 @@ class RemoteCriticClient:
 
         ``returns``, ``prev_values`` and ``mask`` are [B, S] like ``tokens`` (or [B, S - 1], NeMo-Aligner's layout,
         the last position dropped): position t belongs to the prefix ``tokens[:, :t + 1]``. Entries where the mask
-        is 0 are sent as 0, whatever they hold.
+        is 0 are sent as 0, whatever they hold. NeMo-Aligner's server gets [B, S - 1] (the last position, the whole
+        row, has no next token to value: its mask must be 0) and no lengths.
         """
         tokens, lengths = _check_tokens(tokens, lengths)
         b, s = tokens.shape
@@ -179,7 +190,13 @@ class RemoteCriticClient:
                 raise ValueError(f"{name} {list(values.shape)} and mask {list(mask.shape)} differ in shape")
         if not np.isfinite(mask).all() or (mask < 0).any():
             raise ValueError("mask must hold finite weights >= 0")
-        inputs = [_tensor("tokens", "INT64", tokens), _tensor("sequence_lengths", "INT64", lengths[:, None])]
+        inputs = [_tensor("tokens", "INT64", tokens)]
+        if self.train_sends_lengths:
+            inputs.append(_tensor("sequence_lengths", "INT64", lengths[:, None]))
+        elif mask.shape[1] == s:
+            if mask[:, -1].any():
+                raise ValueError("NeMo-Aligner's critic_train takes [B, S - 1]: the mask's last position must be 0")
+            mask, targets = mask[:, :-1], {name: values[:, :-1] for name, values in targets.items()}
         for name, values in targets.items():
             values = np.where(mask != 0, values, 0).astype(np.float32)
             if not np.isfinite(values).all():
@@ -189,14 +206,36 @@ class RemoteCriticClient:
         answer = self._request(
             "POST", "/v2/models/critic_train/infer", {"inputs": inputs}, self.train_timeout_s, idempotent=False
         )
-        return float(self._outputs(answer, {"loss": (b, 1)})["loss"][0, 0])
+        if "loss" in outputs_by_name(answer):
+            return float(self._outputs(answer, {"loss": (b, 1)})["loss"][0, 0])
+        return float(self._outputs(answer, {"loss_mean": (1,)})["loss_mean"][0])  # NeMo-Aligner's
 
-    def save(self, path: str | Path) -> Path:
+    def _save_interface(self) -> tuple[str, int]:
+        """("path" | "dummy_var", critic_save's max_batch_size): asked once, at the first save."""
+        if self._save_call is None:
+            inputs = declared_inputs(self._request("GET", "/v2/models/critic_save"))
+            config = self._request("GET", "/v2/models/critic_save/config")
+            batch = int_field(config, "max_batch_size", f"critic server {self.url}", CriticError)
+            nemo = inputs is not None and "path" not in inputs and "dummy_var" in inputs
+            self._save_call = ("dummy_var" if nemo else "path", batch)
+        return self._save_call
+
+    def save(self, path: str | Path) -> Path | None:
         """Have the server write its critic (weights, optimiser state, step count) to ``path``; a relative path is
         made absolute against this process's working directory (the server writes on its own file system). A
-        folder gets ``critic.pt`` inside. Returns the file written."""
+        folder gets ``critic.pt`` inside. Returns the file written; None from NeMo-Aligner's server, which saves
+        where its own config says (``path`` is not sent)."""
+        name, batch = self._save_interface()
+        shape = [1, 1] if batch else [1]  # a model without batching (NeMo's) takes the bare [1]
+        if name == "dummy_var":
+            payload = {"inputs": [{"name": name, "shape": shape, "datatype": "INT64", "data": [0]}]}
+            answer = self._request("POST", "/v2/models/critic_save/infer", payload, self.train_timeout_s)
+            status = outputs_by_name(answer).get("status", {}).get("data")
+            if status != [0]:
+                raise CriticError(f"critic server {self.url} answered critic_save without status 0 (saved)")
+            return None
         target = os.path.abspath(path) + (os.sep if str(path).endswith(("/", os.sep)) else "")
-        payload = {"inputs": [{"name": "path", "shape": [1, 1], "datatype": "BYTES", "data": [target]}]}
+        payload = {"inputs": [{"name": "path", "shape": shape, "datatype": "BYTES", "data": [target]}]}
         answer = self._request("POST", "/v2/models/critic_save/infer", payload, self.train_timeout_s)
         written = outputs_by_name(answer).get("path", {}).get("data")
         if not isinstance(written, list) or len(written) != 1 or not isinstance(written[0], str):

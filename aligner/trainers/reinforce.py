@@ -178,12 +178,13 @@ class ReinforceTrainer:
         random.seed(cfg.seed)
         quiet_transformers()
         # None only for PPO taking its rewards from the critic server (PPOTrainer scores through it).
+        tokenizer_path = cfg.model.tokenizer_path or cfg.model.policy_path  # for a reward server taking tokens
         self.reward_client = (
-            build_reward_client(cfg.reward, device=self.device, on_wait=self._server_wait) if cfg.reward else None
+            build_reward_client(cfg.reward, self.device, self._server_wait, tokenizer_path) if cfg.reward else None
         )
         # Servers among them are waited for as the main one is (`_server_wait`, their own unavailable_timeout_s).
         self.extra_reward_clients = {
-            name: build_reward_client(reward, device=self.device, on_wait=self._server_wait)
+            name: build_reward_client(reward, self.device, self._server_wait, tokenizer_path)
             for name, reward in cfg.validation.extra_rewards.items()
         }
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.policy_path)
