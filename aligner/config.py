@@ -242,8 +242,8 @@ class GenerationConfig(Section):
         description="With fast_decode, compile the decode step and the sampling into one function (torch.compile; "
         "needs a C++ compiler on the CPU). Generation gets about a quarter faster; the first step of each batch shape "
         "pays a compilation (10-30 s on 2 CPU cores the first time, a few seconds once cached on disk). auto: on "
-        "the CPU with a C++ compiler, for runs of at least 500 steps (trainer.max_steps), which earn it back; the "
-        "run's saved config holds what auto resolved to.",
+        "the CPU with a C++ compiler, for runs of at least 500 steps (trainer.max_steps, or fewer by max_epochs), "
+        "which earn it back; the run's saved config holds what auto resolved to.",
     )
 
     @field_validator("compile", mode="before")
