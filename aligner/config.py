@@ -222,6 +222,18 @@ class GenerationConfig(Section):
     max_new_tokens: int = Field(64, ge=1, description="Response length cap; longer responses are truncated.")
     min_new_tokens: int = Field(0, ge=0, description="EOS and end strings are ignored before this many tokens.")
     temperature: float = Field(1.0, gt=0, description="Softmax temperature of sampling.")
+    greedy: bool = Field(
+        False,
+        description="Take the most likely token instead of sampling (NeMo's sampling_params.use_greedy); "
+        "temperature, top_k and top_p are then ignored.",
+    )
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0,
+        description="Hugging Face's repetition penalty: the logit of every token already in the sequence (prompt "
+        "included) is divided by it when positive, multiplied when negative; 1.0 is off. Sampling only: the "
+        "log-probs the loss and the KL use stay the policy's own.",
+    )
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 keeps all.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; 1.0 keeps all.")
     end_strings: list[str] = Field(default_factory=list, description="A response ends properly at any of these.")
@@ -237,8 +249,8 @@ class GenerationConfig(Section):
         description="With fast_decode, compile the decode step and the sampling into one function (torch.compile; "
         "needs a C++ compiler on the CPU). Generation gets about a quarter faster; the first step of each batch shape "
         "pays a compilation (10-30 s on 2 CPU cores the first time, a few seconds once cached on disk). auto: on "
-        "the CPU with a C++ compiler, for runs of at least 500 steps (trainer.max_steps), which earn it back; the "
-        "run's saved config holds what auto resolved to.",
+        "the CPU with a C++ compiler, for runs of at least 500 steps (trainer.max_steps, or fewer by max_epochs), "
+        "which earn it back; the run's saved config holds what auto resolved to.",
     )
 
     @field_validator("compile", mode="before")
@@ -347,13 +359,62 @@ class SchedConfig(Section):
 class TrainerConfig(Section):
     """The loop: how long, how often to validate and save, what to log."""
 
-    max_steps: int = Field(100, ge=1, description="Optimiser steps of the run.")
-    val_check_interval: int = Field(10, ge=1, description="Validate every this many steps (and at the end).")
+    max_steps: int = Field(100, ge=1, description="Steps of the run (with max_epochs: whichever ends first).")
+    max_epochs: int | None = Field(
+        None,
+        ge=1,
+        description="Stop after this many passes over the training prompts: floor(max_epochs * prompts / "
+        "num_prompts_per_step) steps, if fewer than max_steps. None: max_steps alone.",
+    )
+    max_time: float | None = Field(
+        None,
+        description="Wall-clock limit of one launch, as seconds or NeMo's 'DD:HH:MM:SS' (also 'HH:MM:SS', "
+        "'MM:SS'; write the days with two digits or quote the string: YAML reads an unquoted 1:00:00:00 as a "
+        "base-60 number): at the first step boundary past it the run validates, checkpoints and stops (exit "
+        "status 0); --resume continues it with a fresh limit. None: no limit.",
+    )
+    val_check_interval: int = Field(
+        10, ge=0, description="Validate every this many steps (and at 0 and the end); 0 switches validation off."
+    )
     save_interval: int = Field(10, ge=1, description="Checkpoint every this many steps (and at the end).")
+    save_on_validation: bool = Field(
+        False,
+        description="NeMo's tie of checkpoints to validation: checkpoint at every validation step (and at the end) "
+        "instead of every save_interval steps.",
+    )
     num_val_prompts: int | None = Field(None, ge=1, description="Validation prompts used; default: all.")
     train_samples_to_log: int = Field(8, ge=0, description="Train samples written to samples.jsonl per step.")
     keep_checkpoints: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
     progress_bar: bool = Field(True, description="Show a progress bar on the terminal.")
+
+    @field_validator("max_time", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        return None if value is None else parse_duration(value)
+
+    @model_validator(mode="after")
+    def _saves_need_validation(self) -> TrainerConfig:
+        if self.save_on_validation and self.val_check_interval == 0:
+            raise ValueError("save_on_validation needs validation: val_check_interval must be > 0")
+        return self
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds (> 0, finite) from a number or a NeMo/Lightning 'DD:HH:MM:SS' string ('HH:MM:SS', 'MM:SS' too)."""
+    if isinstance(value, bool):
+        raise ValueError("must be seconds or 'DD:HH:MM:SS'")
+    if isinstance(value, str):
+        parts = value.strip().split(":")
+        try:
+            numbers = [float(p) for p in parts]
+        except ValueError:
+            raise ValueError("must be seconds or 'DD:HH:MM:SS'") from None
+        if len(parts) > 4 or any(not math.isfinite(n) or n < 0 for n in numbers):
+            raise ValueError("must be seconds or 'DD:HH:MM:SS' with numbers >= 0")
+        value = sum(n * unit for n, unit in zip(reversed(numbers), (1, 60, 3600, 86400)))
+    if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError("must be a number of seconds > 0 or 'DD:HH:MM:SS'")
+    return float(value)
 
 
 class LoggingConfig(Section):
@@ -403,6 +464,12 @@ class PPOConfig(Section):
         True,
         description="Leave samples that did not end properly (truncated at max_new_tokens) out of the actor loss, "
         "as NeMo-Aligner masks them with is_end; the critic still trains on them.",
+    )
+    critic_warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="NeMo's critic_warmup_steps: the first this many steps train the critic only; the actor (its "
+        "weights, optimiser and learning-rate schedule) starts moving at the step after.",
     )
 
 

@@ -2,8 +2,9 @@
 
 `TorchGenerator` runs any Hugging Face causal LM in plain PyTorch: each distinct prompt is prefilled once and its
 KV cache copied to its samples, then tokens are decoded one step at a time. It returns, per sample, the response
-tokens, the policy's log-prob of each sampled token (of the unmodified distribution, whatever the temperature or
-top-k/top-p), and `is_end`: whether the response ended properly (EOS or an end string) or was truncated.
+tokens, the policy's log-prob of each sampled token (of the unmodified distribution, whatever the temperature,
+top-k/top-p, repetition penalty or greedy choice), and `is_end`: whether the response ended properly (EOS or an end
+string) or was truncated.
 
 A TensorRT-LLM or vLLM engine implements the same `Generator` protocol and refits its own weights copy in
 `update_weights` after each optimiser step.
@@ -158,7 +159,8 @@ class TorchGenerator:
         del cache
 
         eos_mask = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device).index_fill_(0, eos_ids, True)
-        sampling = (eos_mask, cfg.temperature, cfg.top_k, cfg.top_p)
+        seen = seen_tokens(prompt_ids, prompt_mask, logits.shape[-1]) if cfg.repetition_penalty != 1.0 else None
+        sampling = (eos_mask, cfg.temperature, cfg.top_k, cfg.top_p, cfg.greedy, cfg.repetition_penalty, seen)
         ban_eos, allow_eos = torch.tensor(True, device=device), torch.tensor(False, device=device)
         tokens, logprobs = [], []
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -172,6 +174,8 @@ class TorchGenerator:
             else:
                 next_tokens, token_logprobs = decoder.step_and_sample(tokens[-1], uniform, ban, sampling)
             next_tokens = next_tokens.masked_fill(finished, self.pad_id)
+            if seen is not None:
+                seen.scatter_(1, next_tokens[:, None], True)  # in place: `sampling` holds this tensor
             tokens.append(next_tokens)
             logprobs.append(token_logprobs.masked_fill(finished, 0.0))
             lengths += ~finished
@@ -208,6 +212,13 @@ class TorchGenerator:
             text = self.tokenizer.decode(row[n - min(n, length) :], skip_special_tokens=True)
             hits.append(any(text.endswith(s) for s in self.config.end_strings))
         return torch.tensor(hits, device=lengths.device)
+
+
+def seen_tokens(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B, V] bool: the tokens of each prompt (its padding left out), where the repetition penalty applies."""
+    ids = prompt_ids.masked_fill(~prompt_mask, vocab_size)  # padding goes to an extra column, dropped below
+    seen = torch.zeros(prompt_ids.shape[0], vocab_size + 1, dtype=torch.bool, device=prompt_ids.device)
+    return seen.scatter_(1, ids, True)[:, :vocab_size]
 
 
 def _concat(chunks: list[GenerationOutput], pad_id: int) -> GenerationOutput:

@@ -1,9 +1,11 @@
 """The pieces the training loops share (REINFORCE/PPO, the reward model, the demo's SFT): the AdamW they build, one
-optimiser step on accumulated gradients, and which steps validate. Each trainer writes its own loop around them.
+optimiser step on accumulated gradients, how many steps a run has, which steps validate and checkpoint, and its
+wall-clock limit. Each trainer writes its own loop around them.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 import torch
@@ -42,5 +44,34 @@ def optimizer_step(
 
 
 def is_validation_step(step: int, val_check_interval: int, max_steps: int) -> bool:
-    """After step `step` (counted from 1): every `val_check_interval` steps, and after the last."""
-    return step % val_check_interval == 0 or step == max_steps
+    """After step `step` (counted from 1): every `val_check_interval` steps, and after the last; never with an
+    interval of 0 (validation off)."""
+    return val_check_interval > 0 and (step % val_check_interval == 0 or step == max_steps)
+
+
+def is_save_step(step: int, trainer, max_steps: int) -> bool:
+    """Whether step `step` is checkpointed on schedule (`trainer` the config section): every `save_interval` steps,
+    or with `save_on_validation` at every validation step (NeMo's tie); always after the last."""
+    if trainer.save_on_validation:
+        return is_validation_step(step, trainer.val_check_interval, max_steps)
+    return step % trainer.save_interval == 0 or step == max_steps
+
+
+def run_length(trainer, num_prompts: int, prompts_per_step: int) -> int:
+    """Steps of a run: `trainer.max_steps`, or fewer when `trainer.max_epochs` passes over the `num_prompts`
+    training prompts end first (the prompts left that do not fill a whole step are not taken)."""
+    if trainer.max_epochs is None:
+        return trainer.max_steps
+    return min(trainer.max_steps, trainer.max_epochs * num_prompts // prompts_per_step)
+
+
+class RunClock:
+    """`trainer.max_time` of one launch: the clock starts when the run's loop does (a resumed run gets the whole
+    limit again, as NeMo's timer restarts with each job)."""
+
+    def __init__(self, max_time: float | None):
+        self.max_time = max_time
+        self.started = time.monotonic()
+
+    def expired(self) -> bool:
+        return self.max_time is not None and time.monotonic() - self.started >= self.max_time

@@ -9,8 +9,9 @@
 and compute the reference log-probs while it works, then the per-token rewards with the KL penalty, GAE advantages
 and returns (aligner/algorithms/ppo.py), and one update of each side: the actor on the clipped-ratio loss over the
 rollout in micro-batches (one optimiser step, NeMo-Aligner's default of one PPO epoch; truncated samples left out,
-`ppo.exclude_truncated`, as NeMo's is_end mask does), the critic by one
-critic_train request that runs on the server while the actor trains. A checkpoint holds the critic too
+`ppo.exclude_truncated`, as NeMo's is_end mask does), the critic by one critic_train request that runs on the server
+while the actor trains. The first `ppo.critic_warmup_steps` steps train the critic only (NeMo-Aligner's critic
+warmup; here they are counted steps, checkpointed like any other). A checkpoint holds the critic too
 (`<checkpoint>/critic/critic.pt`, written by the server through critic_save), so a resumed run is exact.
 
 The critic server is either started here from `critic.model_path` (and stopped at the end), or external
@@ -295,6 +296,8 @@ class PPOTrainer(ReinforceTrainer):
         cfg = self.config
         # The critic trains on its server while the actor trains here.
         critic_step = self._critic_pool.submit(self._train_critic, rollout)
+        if self.step < cfg.ppo.critic_warmup_steps:
+            return self._critic_only(critic_step)
         self.policy.train()
         lr = self.optimizer.param_groups[0]["lr"]
         total = rollout.batch.response_ids.shape[0]
@@ -350,6 +353,17 @@ class PPOTrainer(ReinforceTrainer):
             "train_optim/critic_loss": critic_loss,
             "train_optim/clip_fraction": clip_fraction / tokens,
             "train_optim/entropy": entropy_sum / tokens,
+        }
+
+    def _critic_only(self, critic_step: Future) -> dict[str, float]:
+        """A step of ppo.critic_warmup_steps: the critic trains, the actor's weights, optimiser and learning-rate
+        schedule stay as they are (the actor's metrics are left out)."""
+        with self.timers.time("critic_train"):
+            critic_loss = critic_step.result()
+        return {
+            "train_optim/lr": self.optimizer.param_groups[0]["lr"],
+            "train_optim/critic_loss": critic_loss,
+            "train_optim/critic_warmup": 1.0,
         }
 
     # ----------------------------------------------------------------------------------------------- checkpoints

@@ -19,7 +19,11 @@ it; a damaged one (against its manifest, or a file that cannot be loaded) is set
 warning on stderr and in events.jsonl, and the one before is taken: a torn checkpoint costs the steps since the
 previous one, not the run.
 
-SIGTERM or a first Ctrl-C stops the run at the next step boundary with a checkpoint saved (`signals.py`).
+SIGTERM or a first Ctrl-C stops the run at the next step boundary with a checkpoint saved (`signals.py`), and so
+does `trainer.max_time` once this launch has run that long (validating first, as NeMo-Aligner does). The run's
+length is `trainer.max_steps`, or fewer steps when `trainer.max_epochs` passes over the prompts end first.
+`trainer.val_check_interval: 0` switches validation off; `trainer.save_on_validation` checkpoints at validation steps
+instead of every `save_interval` (NeMo-Aligner's tie).
 
 A reward (or PPO's critic) server that goes away is waited for, up to `reward.unavailable_timeout_s`
 (`critic.unavailable_timeout_s`): the clients retry with backoff and the trainer writes "waiting for reward server"
@@ -100,7 +104,7 @@ from aligner.trainers.checkpoint import (
     set_rng_state,
     write_json_atomic,
 )
-from aligner.trainers.loop import adamw, is_validation_step, optimizer_step
+from aligner.trainers.loop import RunClock, adamw, is_save_step, is_validation_step, optimizer_step, run_length
 from aligner.trainers.rollout import rollout_metrics, sample_prompt_indices, sample_rows
 from aligner.trainers.run_log import RunLog, Timers
 from aligner.trainers.schedule import lr_scheduler
@@ -194,6 +198,12 @@ class ReinforceTrainer:
         self.val_data = build_prompt_dataset(
             val_records, self.tokenizer, cfg.data.apply_chat_template, cfg.data.max_prompt_length
         )
+        self.total_steps = run_length(cfg.trainer, len(self.train_data), cfg.reinforce.num_prompts_per_step)
+        if self.total_steps < 1:
+            raise ConfigError(
+                f"trainer.max_epochs ({cfg.trainer.max_epochs}) passes over {len(self.train_data)} training prompts "
+                f"do not fill one step of reinforce.num_prompts_per_step ({cfg.reinforce.num_prompts_per_step})"
+            )
         for name, data in (("training", self.train_data), ("validation", self.val_data)):
             if data.num_truncated:
                 print(
@@ -212,7 +222,7 @@ class ReinforceTrainer:
             self.reference = ReferencePolicy(self.policy)
         if cfg.model.gradient_checkpointing and not self.uses_megatron:
             self.policy.gradient_checkpointing_enable()
-        cfg.generation.compile = resolve_compile(cfg.generation.compile, self.device, cfg.trainer.max_steps)
+        cfg.generation.compile = resolve_compile(cfg.generation.compile, self.device, self.total_steps)
         self.generator = TorchGenerator(
             self.policy, self.tokenizer, cfg.generation, eos_token_ids(self.policy, self.tokenizer)
         )
@@ -223,7 +233,7 @@ class ReinforceTrainer:
         self.scheduler = lr_scheduler(
             self.optimizer,
             cfg.optim.warmup_steps,
-            cfg.trainer.max_steps,
+            self.total_steps,
             min_ratio=cfg.optim.min_lr / cfg.optim.lr,
             constant_steps=cfg.sched.constant_steps,
         )
@@ -309,26 +319,29 @@ class ReinforceTrainer:
 
     # ----------------------------------------------------------------------------------------------- the loop
     def fit(self, until_step: int | None = None) -> None:
-        """Train to `trainer.max_steps`, or stop early at `until_step` with a checkpoint (as a cancel would)."""
+        """Train to `total_steps` (trainer.max_steps, or fewer by trainer.max_epochs), or stop early with a checkpoint
+        (as a cancel would) at `until_step` or once this launch has run `trainer.max_time`."""
         cfg = self.config.trainer
+        total = self.total_steps
+        clock = RunClock(cfg.max_time)
         from tqdm.auto import tqdm
 
         bar = tqdm(
-            total=cfg.max_steps,
+            total=total,
             initial=self.step,
             desc=self.config.algorithm,
             disable=not (cfg.progress_bar and distributed.is_main()),
             dynamic_ncols=True,
         )
         with stop_on_signals(self):
-            if self.step == 0:
+            if self.step == 0 and cfg.val_check_interval > 0:
                 try:
                     self.log.log_metrics(0, self.validate())
                 except ServerUnavailableError as err:
                     self._give_up(err)
             # Signals reach the ranks at different moments: they agree on stopping, or one would wait for the others.
             stop = distributed.any_rank(self._stop_requested)
-            while self.step < cfg.max_steps and not stop:
+            while self.step < total and not stop:
                 position, updating = self.sampler.state_dict(), False
                 try:
                     prompt_indices = self.sampler.next_batch(self.config.reinforce.num_prompts_per_step)
@@ -340,8 +353,12 @@ class ReinforceTrainer:
                     self._give_up(err, can_checkpoint=not updating)
                     break  # a stop was requested while the server was away
                 self.step += 1
-                last = self.step == cfg.max_steps
-                if is_validation_step(self.step, cfg.val_check_interval, cfg.max_steps):
+                last = self.step == total
+                # Every rank stops at the same step, or one would wait for the others.
+                out_of_time = cfg.max_time is not None and distributed.any_rank(clock.expired()) and not last
+                # As NeMo does, a run stopped by the clock validates before its checkpoint (when validation is on).
+                validating = is_validation_step(self.step, cfg.val_check_interval, total)
+                if validating or (out_of_time and cfg.val_check_interval > 0):
                     try:
                         with self.timers.time("validate"):
                             metrics.update(self.validate())
@@ -355,9 +372,11 @@ class ReinforceTrainer:
                 self.log.log_samples(distributed.gather_rows(rollout.samples[:n])[:n])
                 if until_step is not None and self.step >= until_step:
                     self.request_stop()
+                if out_of_time:
+                    self._stop_for_time(cfg.max_time)
                 stop = distributed.any_rank(self._stop_requested)
                 # A validation that beats the best so far is checkpointed at once, so the best policy is kept.
-                if self.step % cfg.save_interval == 0 or last or stop or self._validated_new_best():
+                if is_save_step(self.step, cfg, total) or stop or self._validated_new_best():
                     self.save_checkpoint()
                 bar.update(1)
                 bar.set_postfix(
@@ -365,7 +384,7 @@ class ReinforceTrainer:
                     kl=f"{metrics['train_rollouts/init_policy_kl']:.4f}",
                 )
         bar.close()
-        if self.step >= cfg.max_steps:
+        if self.step >= total:
             if distributed.is_main():
                 # The final policy is always a plain Hugging Face folder: LoRA adapters are merged into it.
                 save = save_merged_policy if self.uses_lora else save_policy
@@ -374,7 +393,18 @@ class ReinforceTrainer:
         elif distributed.is_main():
             print(f"stopped at step {self.step}; continue with --resume", file=sys.stderr)
         self._close_reward_clients()
-        self.log.close(finished=self.step >= cfg.max_steps)
+        self.log.close(finished=self.step >= total)
+
+    def _stop_for_time(self, max_time: float) -> None:
+        """trainer.max_time is up: stop after this step with a checkpoint, saying so (a clean stop, exit status 0)."""
+        message = (
+            f"time limit trainer.max_time ({max_time:g} s) reached after step {self.step}: stopping with a "
+            "checkpoint; continue with --resume"
+        )
+        if distributed.is_main():
+            print(message, file=sys.stderr)
+        self.log.log_event(self.step, message, level="warning", stop="max_time")
+        self.request_stop()
 
     def _reward_clients(self) -> list:
         """The main reward client (if any) and the extra validation ones."""

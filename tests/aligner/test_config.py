@@ -57,12 +57,37 @@ def test_overrides_are_typed_and_nested(tmp_path, monkeypatch):
         ("reinforce.loss_aggregation=sum", "reinforce.loss_aggregation: Input should be 'token_mean', 'seq_mean'"),
         ("sched.constant_steps=-1", "sched.constant_steps: Input should be greater than or equal to 0"),
         ("optim.logprob_micro_batch_size=0", "optim.logprob_micro_batch_size: Input should be greater than or"),
+        ("trainer.max_time=soon", "trainer.max_time: must be seconds or 'DD:HH:MM:SS' (got 'soon')"),
+        ("trainer.max_time=0", "trainer.max_time: must be a number of seconds > 0"),
+        ("trainer.max_time=00:-1:00:00", "trainer.max_time: must be seconds or 'DD:HH:MM:SS' with numbers >= 0"),
+        ("trainer.max_time=0:0:0:0:1", "trainer.max_time: must be seconds or 'DD:HH:MM:SS' with numbers >= 0"),
+        ("trainer.max_epochs=0", "trainer.max_epochs: Input should be greater than or equal to 1"),
+        ("trainer.val_check_interval=-1", "trainer.val_check_interval: Input should be greater than or equal to 0"),
+        ("generation.repetition_penalty=0", "generation.repetition_penalty: Input should be greater than 0"),
+        ("ppo.critic_warmup_steps=-1", "ppo.critic_warmup_steps: Input should be greater than or equal to 0"),
     ],
 )
 def test_bad_values_name_the_field(tmp_path, override, message):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, MINIMAL), [override])
     assert message in str(err.value)
+
+
+def test_nemo_loop_knobs(tmp_path):
+    """max_time as seconds or NeMo's DD:HH:MM:SS; validation off with val_check_interval 0, which
+    save_on_validation (checkpoints at validation steps) cannot go with."""
+
+    def load(*overrides):
+        return load_config(write(tmp_path, MINIMAL), list(overrides)).trainer
+
+    assert load().max_time is None and load().max_epochs is None and not load().save_on_validation
+    assert load("trainer.max_time=00:01:30:05").max_time == 86400 * 0 + 3600 + 30 * 60 + 5
+    assert load("trainer.max_time='02:00:00:00'").max_time == 2 * 86400
+    assert load("trainer.max_time=00:10").max_time == 10  # MM:SS
+    assert load("trainer.max_time=90.5").max_time == 90.5
+    assert load("trainer.val_check_interval=0").val_check_interval == 0
+    with pytest.raises(ConfigError, match="trainer: save_on_validation needs validation: val_check_interval must be"):
+        load("trainer.val_check_interval=0", "trainer.save_on_validation=true")
 
 
 def test_function_args_go_only_with_a_function(tmp_path):

@@ -113,8 +113,11 @@ def test_an_admin_shares_a_dataset_with_every_user(client, token, other_token, a
 
 @both_backends
 def test_the_stored_config_names_entries_with_every_default_and_no_server_path(client, token, config, data_dir):
+    # NeMo's loop knobs pass the API's checks: validation off, a wall-clock limit as DD:HH:MM:SS (kept as seconds).
+    config["trainer"] = {**config.get("trainer", {}), "val_check_interval": 0, "max_time": "00:01:00:30"}
     job = create_job(client, token, config)
     stored = job["config"]
+    assert stored["trainer"]["val_check_interval"] == 0 and stored["trainer"]["max_time"] == 3630
     assert stored["model"]["policy"] == "tiny-sft" and "policy_path" not in stored["model"]
     assert isinstance(stored["data"]["train_dataset"], int) and "train_file" not in stored["data"]
     assert stored["reward"]["function"] == "demo"

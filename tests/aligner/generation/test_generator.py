@@ -76,6 +76,34 @@ def test_top_k_1_is_greedy_decoding(policy):
     n = min(len(reference), int(out.response_lengths[0]))
     assert out.response_ids[0, :n].tolist() == reference[:n].tolist()
     assert torch.equal(out.response_ids[0], out.response_ids[1])
+    # generation.greedy is the same decoding, whatever the temperature (the limit temperature -> 0).
+    greedy, _ = make(policy, max_new_tokens=8, greedy=True, temperature=3.0)
+    assert torch.equal(greedy.generate([ids], 2, seed=7).response_ids, out.response_ids)
+
+
+def test_greedy_with_repetition_penalty_matches_transformers(policy):
+    """Hugging Face's repetition penalty (the prompt's tokens count as seen) on both decode paths; the log-probs
+    stay the policy's own."""
+    model, tokenizer = policy
+    ids = prompts(tokenizer)[0]
+    reference = model.generate(
+        torch.tensor([ids]),
+        max_new_tokens=12,
+        do_sample=False,
+        repetition_penalty=1.8,
+        pad_token_id=tokenizer.pad_token_id,
+    )[0, len(ids) :]
+    plain, _ = make(policy, max_new_tokens=12, greedy=True)
+    unpenalised = plain.generate([ids], 1, seed=0).response_ids
+    for fast_decode in (True, False):
+        gen, _ = make(policy, max_new_tokens=12, greedy=True, repetition_penalty=1.8, fast_decode=fast_decode)
+        out = gen.generate([ids], 1, seed=0)
+        n = min(len(reference), int(out.response_lengths[0]))
+        assert n >= 4 and out.response_ids[0, :n].tolist() == reference[:n].tolist()
+        assert not torch.equal(unpenalised, out.response_ids)  # the penalty acts
+        batch_ids, mask = out.response_batch().sequences()
+        full = response_logprobs(model, batch_ids, mask, out.response_ids.shape[1])
+        torch.testing.assert_close(full * out.response_mask, out.logprobs, atol=1e-5, rtol=1e-5)
 
 
 def test_min_new_tokens_blocks_early_eos(policy, eos_boost):

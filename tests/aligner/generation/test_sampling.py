@@ -1,6 +1,6 @@
 import torch
 
-from aligner.generation.sampling import filter_logits, sample_from_logits, sample_next
+from aligner.generation.sampling import apply_repetition_penalty, filter_logits, sample_from_logits, sample_next
 
 
 def test_filter_logits_by_hand():
@@ -32,3 +32,30 @@ def test_sample_next_bans_eos_but_reports_the_policys_own_logprobs():
     torch.testing.assert_close(banned_logprobs, torch.full((2000,), 0.05).log())  # unmodified distribution
     free, _ = sample_next(logits, uniform, torch.tensor(False), eos, 1.0, 0, 1.0)
     assert 0.85 < (free == 0).float().mean() < 0.95
+
+
+def test_repetition_penalty_by_hand():
+    """Seen tokens: a positive logit is divided by the penalty, a negative one multiplied; unseen ones stay."""
+    logits = torch.tensor([[2.0, -1.0, 0.5, 0.0], [2.0, -1.0, 0.5, 0.0]])
+    seen = torch.tensor([[True, True, False, False], [False, False, True, True]])
+    out = apply_repetition_penalty(logits, seen, 2.0)
+    assert out.tolist() == [[1.0, -2.0, 0.5, 0.0], [2.0, -1.0, 0.25, 0.0]]
+
+
+def test_greedy_takes_the_argmax_after_penalty_and_eos_ban_and_reports_the_policys_logprobs():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.5, 0.3, 0.2]]))  # all logits negative
+    eos = torch.tensor([False, False, False])
+    uniform = torch.tensor([[0.99], [0.0]])  # ignored: greedy draws nothing
+    tokens, logprobs = sample_next(logits, uniform, torch.tensor(False), eos, 5.0, 0, 0.1, greedy=True)
+    assert tokens.tolist() == [0, 0]
+    torch.testing.assert_close(logprobs, torch.tensor([0.5, 0.5]).log())
+    # A penalty on token 0 multiplies its negative logit: 1.5 gives log 0.5 * 1.5 = -1.04, still above log 0.3 =
+    # -1.20; 2 gives -1.39, below it, and token 1 wins. The log-probs are still the unpenalised policy's.
+    seen = torch.tensor([[True, False, False], [True, False, False]])
+    kept, _ = sample_next(logits, uniform, torch.tensor(False), eos, 1.0, 0, 1.0, True, 1.5, seen)
+    moved, moved_logprobs = sample_next(logits, uniform, torch.tensor(False), eos, 1.0, 0, 1.0, True, 2.0, seen)
+    assert kept.tolist() == [0, 0] and moved.tolist() == [1, 1]
+    torch.testing.assert_close(moved_logprobs, torch.tensor([0.3, 0.3]).log())
+    # The EOS ban applies to greedy choice too.
+    banned, _ = sample_next(logits, uniform, torch.tensor(True), torch.tensor([True, False, False]), 1.0, 0, 1.0, True)
+    assert banned.tolist() == [1, 1]

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from aligner.trainers.loop import adamw, is_validation_step, optimizer_step
+from aligner.trainers.loop import RunClock, adamw, is_save_step, is_validation_step, optimizer_step, run_length
 from aligner.trainers.schedule import lr_scheduler
 
 
@@ -60,3 +60,32 @@ def test_adamw_takes_the_config_section():
 def test_validation_steps():
     assert [s for s in range(1, 8) if is_validation_step(s, 3, 7)] == [3, 6, 7]
     assert [s for s in range(1, 5) if is_validation_step(s, 10, 4)] == [4]
+    assert not any(is_validation_step(s, 0, 4) for s in range(1, 5))  # 0: validation off, even at the end
+
+
+def test_save_steps_on_their_own_interval_or_tied_to_validation():
+    trainer = SimpleNamespace(save_interval=2, val_check_interval=3, save_on_validation=False)
+    assert [s for s in range(1, 8) if is_save_step(s, trainer, 7)] == [2, 4, 6, 7]
+    trainer.save_on_validation = True  # NeMo's tie: checkpoints where validation runs
+    assert [s for s in range(1, 8) if is_save_step(s, trainer, 7)] == [3, 6, 7]
+
+
+def test_run_length_takes_whichever_of_max_steps_and_max_epochs_ends_first():
+    trainer = SimpleNamespace(max_steps=100, max_epochs=None)
+    assert run_length(trainer, num_prompts=10, prompts_per_step=4) == 100
+    trainer.max_epochs = 2  # 20 prompts drawn in steps of 4: 5 steps
+    assert run_length(trainer, num_prompts=10, prompts_per_step=4) == 5
+    trainer.max_epochs = 3  # 30 prompts: 7 whole steps, the 2 left over do not make one
+    assert run_length(trainer, num_prompts=10, prompts_per_step=4) == 7
+    trainer.max_steps = 6
+    assert run_length(trainer, num_prompts=10, prompts_per_step=4) == 6
+
+
+def test_run_clock(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("aligner.trainers.loop.time.monotonic", lambda: now[0])
+    clock, unlimited = RunClock(30.0), RunClock(None)
+    now[0] = 129.9
+    assert not clock.expired()
+    now[0] = 130.0
+    assert clock.expired() and not unlimited.expired()

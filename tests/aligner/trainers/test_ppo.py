@@ -129,6 +129,66 @@ def test_a_new_best_validation_is_checkpointed_between_save_intervals(run_config
     assert best_checkpoint(trainer.run_dir).name == f"step_{records[-1]:06d}"
 
 
+# ------------------------------------------------------------------------------------------------ critic warmup
+def test_critic_warmup_steps_train_the_critic_only(run_config, tiny_policy_dir):
+    """ppo.critic_warmup_steps: during the warmup the critic gets its critic_train and the actor's weights, optimiser
+    and learning rate stay; from the step after, the actor moves."""
+    from aligner.config import GenerationConfig
+    from aligner.generation.generator import TorchGenerator
+    from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer
+    from aligner.trainers.loop import adamw
+    from aligner.trainers.ppo import PPORollout
+    from aligner.trainers.schedule import lr_scheduler
+
+    class FakeCritic:
+        def __init__(self):
+            self.calls = 0
+
+        def train(self, tokens, lengths, returns, values, mask):
+            self.calls += 1
+            return 0.25
+
+        def close(self):
+            pass
+
+    config = run_config(algorithm="ppo", critic={"server_url": "http://127.0.0.1:9"}, ppo={"critic_warmup_steps": 2})
+    trainer = PPOTrainer(config)
+    policy, tokenizer = load_policy(tiny_policy_dir), load_tokenizer(tiny_policy_dir)
+    trainer.policy, trainer.critic = policy, FakeCritic()
+    trainer.generator = TorchGenerator(
+        policy, tokenizer, GenerationConfig(max_new_tokens=4), eos_token_ids(policy, tokenizer)
+    )
+    trainer.optimizer = adamw(policy.parameters(), config.optim, torch.device("cpu"))
+    trainer.scheduler = lr_scheduler(trainer.optimizer, 1, 4)
+    gen = trainer.generator.generate([tokenizer("the cat")["input_ids"]], 2, seed=0)
+    tokens, lengths, positions = critic_rows(gen)
+    mask = gen.response_mask.float()
+    rollout = PPORollout(
+        gen.response_batch(),
+        mask,
+        gen.logprobs,
+        torch.randn(mask.shape) * mask,
+        mask,
+        mask * 0,
+        tokens,
+        lengths,
+        positions,
+    )
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    for step in (0, 1):
+        trainer.step = step
+        metrics = trainer.optimise(rollout)
+        assert metrics["train_optim/critic_loss"] == 0.25 and metrics["train_optim/critic_warmup"] == 1
+        assert "train_optim/loss" not in metrics
+    assert trainer.critic.calls == 2 and not trainer.optimizer.state and trainer.scheduler.last_epoch == 0
+    assert all(torch.equal(v, policy.state_dict()[k]) for k, v in before.items())
+    trainer.step = 2  # warmup over: both sides train
+    metrics = trainer.optimise(rollout)
+    assert trainer.critic.calls == 3 and "train_optim/loss" in metrics and "train_optim/critic_warmup" not in metrics
+    assert not all(torch.equal(v, policy.state_dict()[k]) for k, v in before.items())
+    trainer.close()
+
+
 # ------------------------------------------------------------------------------------------------ live critic
 def ppo_train(config, resume=False, until_step=None) -> PPOTrainer:
     trainer = PPOTrainer(config)

@@ -160,6 +160,36 @@ def test_metrics_samples_checkpoints_and_final_policy(run_config):
     assert model(torch.tensor([[1, 2, 3]])).logits.shape[-1] == model.config.vocab_size
 
 
+def test_max_epochs_max_time_and_validation_off(run_config, monkeypatch):
+    """NeMo's loop knobs in one run: validation off (val_check_interval 0: not even at step 0), trainer.max_time
+    stopping the first launch after step 1 with a checkpoint, and trainer.max_epochs ending the resumed launch
+    before max_steps (2 passes over 6 prompts in steps of 4: 3 steps) with the final policy."""
+    import aligner.trainers.reinforce as reinforce
+
+    class ExpiredClock:  # the first launch's clock runs out at once: it stops at the first step boundary
+        def __init__(self, max_time):
+            pass
+
+        def expired(self):
+            return True
+
+    config = run_config(trainer={"max_steps": 10, "max_epochs": 2, "val_check_interval": 0, "max_time": 3600})
+    monkeypatch.setattr(reinforce, "RunClock", ExpiredClock)
+    first = train(config)
+    assert first.step == 1 and first.total_steps == 3 and not first.final_policy_dir.exists()
+    assert [p.name for p in list_checkpoints(first.run_dir)] == ["step_000001"]
+    events = read_jsonl(first.run_dir / EVENTS_FILE)
+    assert [e["step"] for e in events if e.get("stop") == "max_time"] == [1]
+    monkeypatch.undo()
+    resumed = train(config, resume=True)
+    assert resumed.step == 3 and resumed.final_policy_dir.is_dir()
+    assert resumed.sampler.state_dict() == {"epoch": 1, "index": 6, "num_prompts": 6}  # exactly two passes
+    rows = read_jsonl(resumed.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert not any(k.startswith("val/") for r in rows for k in r)
+    assert [p.name for p in list_checkpoints(resumed.run_dir)] == ["step_000001", "step_000002", "step_000003"]
+
+
 def test_reference_stays_the_initial_policy(run_config):
     from transformers import AutoModelForCausalLM
 
