@@ -177,6 +177,26 @@ class Launch:
     resume_step: int | None
     config: dict[str, Any] = field(default_factory=dict)  # what job.yaml holds
     critic: CriticPlan | None = None
+    prepared_at: float = field(default_factory=time.time)  # before the trainer starts: what it writes is newer
+
+
+def finished_this_launch(launch: Launch) -> bool:
+    """The trainer wrote its final policy in this launch: it reached its end, max_steps or trainer.max_epochs."""
+    final = launch.run_dir / FINAL_POLICY_DIR
+    return final.is_dir() and final.stat().st_mtime >= launch.prepared_at
+
+
+def time_limit_stop(run_dir: Path) -> str | None:
+    """The trainer's message when this launch stopped at its trainer.max_time (an events.jsonl row with
+    `"stop": "max_time"`), else None."""
+    message = None
+    path = run_dir / EVENTS_FILE
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+        with contextlib.suppress(ValueError):  # a line cut short by a crash says nothing
+            row = json.loads(line)
+            if isinstance(row, dict) and row.get("stop") == "max_time":
+                message = str(row.get("message") or "trainer.max_time reached")
+    return message
 
 
 class JobRun:
@@ -515,7 +535,9 @@ class JobRun:
             if not holds_lease(job, self.owner):
                 return self._lost_lease()
             cancelled = job.cancel_requested or job.status == CANCELLING
-            completed = returncode == 0 and job.step >= job.max_steps and (launch.run_dir / FINAL_POLICY_DIR).is_dir()
+            ended = job.step >= job.max_steps or finished_this_launch(launch)  # max_steps, or max_epochs first
+            completed = returncode == 0 and ended and (launch.run_dir / FINAL_POLICY_DIR).is_dir()
+            out_of_time = time_limit_stop(launch.run_dir) if returncode == 0 and not completed else None
             newest = max(checkpoint_steps(launch.run_dir), default=None)
             where = starting_point(newest)
             signalled = returncode < 0 and -returncode in signal.valid_signals()
@@ -537,6 +559,11 @@ class JobRun:
                 add_event(session, job.id, "log", {"message": message, "alarm": alarm})
             elif self.handing_back:
                 return self._hand_back(launch, f"worker {self.owner} stopped", session=session)
+            elif out_of_time is not None:
+                # A clean stop the config asked for: resumable like a pause, with the time counted afresh.
+                transition(session, job, PAUSED, error=None, devices=None)
+                message = f"paused: {out_of_time}; resume the job to continue (trainer.max_time counts per launch)"
+                add_event(session, job.id, "log", {"message": message, "stop": "max_time"})
             elif signalled and job.attempts < settings.max_attempts:
                 # Killed from outside (the OOM killer, an operator): worth another attempt from the last checkpoint;
                 # a trainer that raised an error exits with a status instead, and would only raise it again.

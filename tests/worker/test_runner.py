@@ -278,6 +278,8 @@ import yaml
 args = sys.argv[1:]
 config = yaml.safe_load(pathlib.Path(args[args.index("--config") + 1]).read_text())
 run_dir, last = pathlib.Path(config["run_dir"]), config["trainer"]["max_steps"]
+last = min(last, config["trainer"].get("max_epochs") or last)  # here: an epoch is a step
+out_of_time = config["trainer"].get("max_time")  # here: the step after which the time is up
 stop = []
 signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
 saved = [int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*")]
@@ -285,6 +287,10 @@ for n in range(max(saved) + 1 if "--resume" in args else 1, last + 1):
     with (run_dir / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({{"step": n, "train_rollouts/init_policy_kl": 2.0, "train_optim/loss": 0.1}}) + "\\n")
     time.sleep(0.05)
+    if out_of_time == n:
+        stop.append(1)
+        with (run_dir / "events.jsonl").open("a") as f:
+            f.write(json.dumps({{"step": n, "level": "warning", "message": "time is up", "stop": "max_time"}}) + "\\n")
     if stop or n == last:
         (run_dir / "checkpoints" / f"step_{{n:06d}}").mkdir(parents=True)
         (run_dir / "checkpoints" / f"step_{{n:06d}}" / "trainer_state.pt").write_bytes(b"x")
@@ -309,7 +315,8 @@ def test_a_pause_on_alarm_pauses_the_job_at_a_checkpoint_and_resume_does_not_pau
     health = {"pause_on": ["kl_growth"], "window": 2, "min_points": 2}  # a KL of 2 passes kl_max (1) at step 2
     job_id = create_job(factory, job_config(max_steps=30, health=health), tmp_path / "run")
 
-    assert run_job(job_id, s, factory)["outcome"] == "paused"
+    outcome = run_job(job_id, s, factory)
+    assert outcome["outcome"] == "paused", outcome
     job = job_row(factory, job_id)
     assert (job.status, job.alarms, job.error) == ("paused", ["kl_growth"], None)
     assert 2 <= job.step < 30 and list(checkpoint_steps(tmp_path / "run")) == [job.step]
@@ -329,4 +336,31 @@ def test_a_pause_on_alarm_pauses_the_job_at_a_checkpoint_and_resume_does_not_pau
     assert run_job(job_id, s, factory)["outcome"] == "succeeded"
     job = job_row(factory, job_id)
     assert (job.status, job.step, job.alarms) == ("succeeded", 30, ["kl_growth"])
+    engine.dispose()
+
+
+def test_a_run_that_ends_at_max_epochs_succeeds_and_one_stopped_at_max_time_is_paused(tmp_path, job_config):
+    """trainer.max_epochs ends a run before max_steps with its final policy: a success; trainer.max_time stops it
+    cleanly at a checkpoint (exit status 0, no final policy): paused, to be resumed, not failed."""
+    from webapp.db import Base, make_engine, make_session_factory
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'aligner.db'}")
+    Base.metadata.create_all(engine)
+    factory = make_session_factory(engine)
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_TRAINER.format(python=sys.executable))
+    fake.chmod(0o755)
+    s = worker_settings(tmp_path, python=str(fake), poll_interval=0.1)
+
+    epochs = create_job(factory, job_config(max_steps=30, trainer={"max_epochs": 3}), tmp_path / "epochs")
+    assert run_job(epochs, s, factory)["outcome"] == "succeeded"
+    assert (job_row(factory, epochs).status, job_row(factory, epochs).step) == ("succeeded", 3)
+
+    timed = create_job(factory, job_config(max_steps=30, trainer={"max_time": 2}), tmp_path / "timed")
+    assert run_job(timed, s, factory)["outcome"] == "paused"
+    job = job_row(factory, timed)
+    assert (job.status, job.step, job.error) == ("paused", 2, None)
+    with session_scope(factory) as session:
+        last = session.scalars(select(Event).where(Event.job_id == timed).order_by(Event.id.desc())).first()
+        assert last.payload["stop"] == "max_time" and "time is up" in last.payload["message"]
     engine.dispose()
