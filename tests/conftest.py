@@ -1,10 +1,12 @@
-"""Shared fixtures: a tiny tokenizer and Llama policy built locally from configs (no model hub)."""
+"""Shared fixtures: a tiny tokenizer and Llama policy built locally from configs (no model hub). Files with the most
+slow tests run first (`pytest_collection_modifyitems`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +27,14 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Files with more slow tests first, each file's tests kept together and in order. `make test` hands whole files
+    to two xdist workers in collection order (--dist loadfile): long files started last would leave one worker
+    running alone at the end, while started first they overlap with the many short ones."""
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])  # stable: files keep their order among equals
 
 
 def build_tiny_policy(out_dir: Path, chat_template: bool = True, seed: int = 0) -> Path:
