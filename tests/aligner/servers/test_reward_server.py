@@ -198,7 +198,7 @@ def test_model_server_scores_text_and_tokens_like_the_in_process_model(model_ser
     many_lengths = np.array([[len(ids[i % 2])] for i in range(130)], dtype=np.int64)
     with FuturesModelClient(model_server.url, "reward_model", init_timeout_s=60, inference_timeout_s=60) as nemo:
         rewards = nemo.infer_batch(tokens=many, sequence_lengths=many_lengths).result()["rewards"]
-    torch.testing.assert_close(torch.from_numpy(rewards[:, 0]), expected.repeat(65), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.tensor(rewards[:, 0]), expected.repeat(65), atol=1e-5, rtol=1e-5)
 
 
 def test_unreachable_server_is_a_clear_error_naming_the_url():
