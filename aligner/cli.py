@@ -182,10 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--config", help="YAML file of RewardServerConfig fields (aligner/servers/reward_server.py)")
     srv.add_argument("--model", help="Hugging Face sequence-classification reward model folder")
     srv.add_argument("--function", help="reward function 'module:callable' (prompts, responses[, metadata])")
-    srv.add_argument("--tokenizer", help="tokenizer folder for `tokens` inputs (default: the model's)")
+    srv.add_argument(
+        "--tokenizer", help="tokenizer for `tokens` inputs and a function's prompt split (default: the model's)"
+    )
     srv.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     srv.add_argument("--port", type=int, help="HTTP port (default 8000; gRPC and metrics take the next two)")
-    srv.add_argument("--max-batch-size", type=int, help="largest batch Triton forms or accepts (default 64)")
+    srv.add_argument(
+        "--max-batch-size", type=int, help="batch Triton merges requests into (default 64); any size is served"
+    )
     srv.add_argument(
         "--set",
         dest="overrides",

@@ -10,7 +10,7 @@ Workload: a reward model built here, offline, in a temp dir: `LlamaForSequenceCl
 hidden 128, 4 layers, 4 heads, vocab 512, about 2M parameters, fp32, random init) with a byte-level BPE tokenizer
 trained on a synthetic corpus (as bench/rloo_step.py builds its policy); texts of 30-60 tokens (prompt + response).
 It is served by real `aligner serve-reward` subprocesses on free loopback ports, one at a time: first with
-dynamic batching (the server's defaults: max_batch_size 64, max_queue_delay_us 2000, batch_size 32 rows per
+dynamic batching (the server's defaults: preferred batch 64, max_queue_delay_us 2000, batch_size 32 rows per
 forward pass), then with `--set dynamic_batching=false` (Triton runs every request on its own). Clients are
 threads, each with its own `requests.Session`, posting KServe-v2 JSON (`prompts` + `responses`, or `sentences`)
 to /v2/models/reward_model/infer in a closed loop. A cell (request batch size x concurrent clients) warms up for

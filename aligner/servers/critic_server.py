@@ -11,15 +11,20 @@ Triton models, as NeMo-Aligner's critic server (HTTP/gRPC KServe v2; the client 
 - `critic_infer`: `tokens` INT64 [B, S] (zero-padded) and `sequence_lengths` INT64 [B, 1] -> `values` FP32 [B, S]
   (0 past each length) and, when combined, `rewards` FP32 [B, 1] (standardised). `values[b, t]` is the value of the
   prefix `tokens[b, :t + 1]`: against per-token log-probs [B, S - 1] (token t + 1 given the prefix) use
-  `values[:, :-1]`. Dynamically batched up to `max_batch_size` rows.
-- `critic_train`: `tokens`, `sequence_lengths`, `returns`, `prev_values` and `mask` (FP32 [B, S], or [B, S - 1] as
-  NeMo-Aligner's actor sends them, the last position dropped) -> `loss` FP32 [B, 1] (the batch's loss on every row):
+  `values[:, :-1]`. Any number of rows (declared max 9999999, as NeMo-Aligner's: its client never splits), run
+  `batch_size` rows per forward pass; concurrent requests are merged dynamically.
+- `critic_train`, unbatched (`max_batch_size` 0, as NeMo-Aligner's `infer_sample` sends it): `tokens` INT64 [B, S],
+  `returns`, `prev_values` and `mask` (FP32 [B, S], or [B, S - 1] as NeMo-Aligner's actor sends them, the last
+  position dropped), optional `sequence_lengths` INT64 [B, 1] (absent: each row ends at its last masked position)
+  -> `loss` FP32 [B, 1] (the batch's loss on every row) and `loss_mean` FP32 [1] (the same, NeMo-Aligner's name):
   ONE AdamW step on the clipped value loss of aligner/algorithms/ppo.py (`loss_clip_val`), in micro-batches of
-  `micro_batch_size` rows with gradient accumulation. Never batched with other requests; steps run one at a time.
-- `critic_save`: `path` BYTES [1, 1], absolute (a folder gets `critic.pt` inside) -> `path` of the file written,
-  holding the critic's weights, optimiser state and step count; `--checkpoint PATH` starts from such a file, so a
-  resumed PPO run continues exactly. With `save_root` set (the worker sets its job's run folder) a path that does
-  not lie inside it, once `..` and symlinks are resolved, is a bad request, and so is a checkpoint outside it.
+  `micro_batch_size` rows with gradient accumulation; more than `train_max_batch_size` rows is a bad request.
+  Steps run one at a time.
+- `critic_save`: `path` BYTES [1, 1], absolute (a folder gets `critic.pt` inside), or NeMo-Aligner's `dummy_var`
+  INT64 [1, 1] (ignored; the file goes to `save_dir`) -> `path` of the file written and `status` INT64 [1, 1] (0).
+  The file holds the critic's weights, optimiser state and step count; `--checkpoint PATH` starts from such a file,
+  so a resumed PPO run continues exactly. With `save_root` set (the worker sets its job's run folder) a path that
+  does not lie inside it, once `..` and symlinks are resolved, is a bad request, and so is a checkpoint outside it.
 
 The critic runs without dropout in training too: the values trained are those served as `prev_values`. Triton
 rejects a request with a missing input, a wrong shape or type, or mismatched batch sizes with HTTP 400; errors found
@@ -44,7 +49,14 @@ from pydantic import Field
 from aligner.algorithms.ppo import clipped_value_loss
 from aligner.servers.launch import CRITIC_MODELS
 from aligner.servers.reward_server import RewardScorer, RewardServerConfig
-from aligner.servers.triton import BadRequest, TritonEndpointConfig, decode_text, require_pytriton, run_triton
+from aligner.servers.triton import (
+    DECLARED_MAX_BATCH_SIZE,
+    BadRequest,
+    TritonEndpointConfig,
+    decode_text,
+    require_pytriton,
+    run_triton,
+)
 
 CHECKPOINT_FILE = "critic.pt"
 CHECKPOINT_FORMAT = "aligner-critic/1"
@@ -72,8 +84,13 @@ class CriticServerConfig(TritonEndpointConfig):
     micro_batch_size: int = Field(16, ge=1, description="Rows per forward/backward of a critic_train step.")
     batch_size: int = Field(32, ge=1, description="Rows per forward pass of critic_infer.")
     http_port: int = Field(5556, ge=1, le=65535)
-    max_batch_size: int = Field(64, ge=1, description="Largest critic_infer batch Triton forms or accepts.")
-    train_max_batch_size: int = Field(1024, ge=1, description="Largest critic_train request (rows).")
+    max_batch_size: int = Field(
+        64,
+        ge=1,
+        description="Rows Triton's dynamic batcher prefers to merge concurrent critic_infer requests into; a request "
+        "of any size is accepted and run `batch_size` rows per forward pass.",
+    )
+    train_max_batch_size: int = Field(1024, ge=1, description="Largest critic_train request (rows); larger: refused.")
     dynamic_batching: bool = Field(True, description="Let Triton merge concurrent critic_infer requests.")
     device: str = Field("auto", description="'auto' (CUDA when available), 'cpu', 'cuda', ...")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads.")
@@ -82,9 +99,15 @@ class CriticServerConfig(TritonEndpointConfig):
         description="The folder critic_save writes in (and the checkpoint comes from), '..' and symlinks resolved; "
         "None: anywhere this process may write.",
     )
+    save_dir: str | None = Field(
+        None,
+        description="Folder critic_save writes critic.pt in when a request names no `path` (NeMo-Aligner's actor "
+        "sends only `dummy_var`); default: save_root, else ./critic_checkpoints of the server's working directory.",
+    )
 
 
-SERVER_PATH_FIELDS = (("model_path",), ("checkpoint",), ("save_root",))
+SERVER_PATH_FIELDS = (("model_path",), ("checkpoint",), ("save_root",), ("save_dir",))
+DEFAULT_SAVE_DIR = "critic_checkpoints"
 
 
 def confined_path(path: str | Path, root: str | Path | None) -> Path | None:
@@ -329,23 +352,60 @@ class Critic:
         return out
 
     def train_fn(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """critic_train, unbatched: one request is one step. `sequence_lengths` is optional (NeMo-Aligner sends
+        none): each row then ends at its last masked position."""
         out = []
         for request in requests:
-            arrays = _inputs(request, "tokens", "sequence_lengths", "returns", "prev_values", "mask")
-            loss = self.train_step(*arrays)
-            out.append({"loss": np.full((arrays[0].shape[0], 1), loss, dtype=np.float32)})
+            tokens, returns, prev_values, mask = _inputs(request, "tokens", "returns", "prev_values", "mask")
+            if tokens.ndim != 2 or tokens.shape[0] == 0:
+                raise BadRequest(f"tokens must be [B, S] with B >= 1; got shape {list(tokens.shape)}")
+            if tokens.shape[0] > self.config.train_max_batch_size:
+                raise BadRequest(
+                    f"a critic_train step takes at most {self.config.train_max_batch_size} rows "
+                    f"(train_max_batch_size; a step is never split); got {tokens.shape[0]}"
+                )
+            if "sequence_lengths" in request:  # PyTriton's Request: a mapping without .get
+                lengths = request["sequence_lengths"]
+            else:
+                lengths = lengths_from_mask(mask, tokens.shape)
+            loss = self.train_step(tokens, lengths, returns, prev_values, mask)
+            out.append(
+                {
+                    "loss": np.full((tokens.shape[0], 1), loss, dtype=np.float32),
+                    "loss_mean": np.array([loss], dtype=np.float32),
+                }
+            )
         return out
 
     def save_fn(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """critic_save: to `path`, or without one (NeMo-Aligner's `dummy_var`) into `save_dir`."""
         out = []
         for request in requests:
-            (paths,) = _inputs(request, "path")
-            names = decode_text("path", paths)
-            if len(names) != 1:
-                raise BadRequest(f"send one path; got {len(names)}")
-            written = self.save(names[0])
-            out.append({"path": np.array([[str(written).encode()]], dtype=object)})
+            if "path" in request:
+                names = decode_text("path", request["path"])
+                if len(names) != 1:
+                    raise BadRequest(f"send one path; got {len(names)}")
+                target = names[0]
+            else:
+                c = self.config
+                folder = Path(c.save_dir or c.save_root or Path.cwd() / DEFAULT_SAVE_DIR).absolute()
+                target = str(folder / CHECKPOINT_FILE)
+            written = self.save(target)
+            out.append(
+                {"path": np.array([[str(written).encode()]], dtype=object), "status": np.zeros((1, 1), np.int64)}
+            )
         return out
+
+
+def lengths_from_mask(mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Row lengths [B] that cover every masked position: position t of a [B, S] mask belongs to token t, of a
+    [B, S - 1] mask (NeMo-Aligner's) to token t + 1. A row without any gets the whole width (it trains nothing)."""
+    b, s = shape
+    if mask.ndim != 2 or mask.shape[0] != b or mask.shape[1] not in (s, s - 1):
+        raise BadRequest(f"mask must be [B, S] = [{b}, {s}] (or [{b}, {s - 1}]); got {list(mask.shape)}")
+    shift = 1 if mask.shape[1] == s else 2
+    last = np.where(mask != 0, np.arange(mask.shape[1])[None, :], -1).max(axis=1, initial=-1)
+    return np.where(last >= 0, last + shift, s).astype(np.int64)
 
 
 def _inputs(request, *names: str) -> list[np.ndarray]:
@@ -369,7 +429,11 @@ def serve(config: CriticServerConfig, ready: threading.Event | None = None, stop
     if critic.scorer is not None:
         infer_outputs.append(Tensor(name="rewards", dtype=np.float32, shape=(1,)))
     batcher = (
-        DynamicBatcher(max_queue_delay_microseconds=config.max_queue_delay_us) if config.dynamic_batching else None
+        DynamicBatcher(
+            max_queue_delay_microseconds=config.max_queue_delay_us, preferred_batch_size=[config.max_batch_size]
+        )
+        if config.dynamic_batching
+        else None
     )
 
     def bind(triton) -> None:
@@ -378,25 +442,33 @@ def serve(config: CriticServerConfig, ready: threading.Event | None = None, stop
             infer_func=critic.infer_fn,
             inputs=tokens,
             outputs=infer_outputs,
-            config=ModelConfig(max_batch_size=config.max_batch_size, batcher=batcher),
+            config=ModelConfig(max_batch_size=DECLARED_MAX_BATCH_SIZE, batcher=batcher),
             strict=False,
         )
+        # Unbatched, as NeMo-Aligner's: its actor sends a whole step with `infer_sample`, shapes as they are.
         triton.bind(
             model_name="critic_train",
             infer_func=critic.train_fn,
             inputs=[
-                *tokens,
-                *(Tensor(name=n, dtype=np.float32, shape=(-1,)) for n in ("returns", "prev_values", "mask")),
+                Tensor(name="tokens", dtype=np.int64, shape=(-1, -1)),
+                Tensor(name="sequence_lengths", dtype=np.int64, shape=(-1, -1), optional=True),
+                *(Tensor(name=n, dtype=np.float32, shape=(-1, -1)) for n in ("returns", "prev_values", "mask")),
             ],
-            outputs=[Tensor(name="loss", dtype=np.float32, shape=(1,))],
-            config=ModelConfig(max_batch_size=config.train_max_batch_size, batcher=None),  # a request is a step
+            outputs=[
+                Tensor(name="loss", dtype=np.float32, shape=(-1, 1)),
+                Tensor(name="loss_mean", dtype=np.float32, shape=(1,)),
+            ],
+            config=ModelConfig(batching=False, max_batch_size=0, batcher=None),  # a request is a step
             strict=False,
         )
         triton.bind(
             model_name="critic_save",
             infer_func=critic.save_fn,
-            inputs=[Tensor(name="path", dtype=bytes, shape=(1,))],
-            outputs=[Tensor(name="path", dtype=bytes, shape=(1,))],
+            inputs=[
+                Tensor(name="path", dtype=bytes, shape=(1,), optional=True),
+                Tensor(name="dummy_var", dtype=np.int64, shape=(1,), optional=True),  # NeMo-Aligner's; ignored
+            ],
+            outputs=[Tensor(name="path", dtype=bytes, shape=(1,)), Tensor(name="status", dtype=np.int64, shape=(1,))],
             config=ModelConfig(max_batch_size=1, batcher=None),
             strict=False,
         )

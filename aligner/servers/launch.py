@@ -122,7 +122,7 @@ def launch_critic_server(
         if proc.poll() is not None:
             raise ServerStartError(f"the critic server exited with status {proc.returncode}; see {log_path}")
         with contextlib.suppress(requests.RequestException):
-            # Triton reports itself ready before PyTriton has bound the models: wait for each of them.
+            # Each model, not /v2/health/ready: a foreign server on the port would be ready with other models.
             if all(requests.get(f"{url}/v2/models/{m}/ready", timeout=2).status_code == 200 for m in CRITIC_MODELS):
                 return proc, url
         time.sleep(0.3)

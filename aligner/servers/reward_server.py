@@ -10,10 +10,13 @@ Model `reward_model` (configurable), inputs compatible with NeMo-Aligner's rewar
 - `tokens` INT64 [B, S] (zero-padded) with `sequence_lengths` INT64 [B, 1];
 - `prompts` and `responses` BYTES [B, 1] (and optionally `metadata`, BYTES [B, 1] of JSON objects): Aligner's own
   client sends these, so that a reward function gets the prompt, the response and e.g. a reference answer apart.
-Output `rewards` FP32 [B, 1], optionally standardised: `(reward - reward_mean) / reward_std`.
+Output `rewards` FP32 [B, 1], optionally standardised: `(reward - reward_mean) / reward_std`. A reward model scores
+the whole text (or the tokens as they are). A reward function given `tokens` or `sentences` gets them split into
+prompt and response at the last assistant marker (`PromptSplitter`), decoded without special tokens.
 
-Triton batches concurrent requests dynamically (`max_batch_size`, `max_queue_delay_us`); a request larger than
-`max_batch_size` is rejected by Triton, which is why `RemoteRewardClient` splits. A bad request gets an error that
+Any number of rows is accepted (the model declares NeMo-Aligner's max batch size, 9999999: its client never splits)
+and a model scores them `batch_size` rows per forward pass; Triton merges concurrent requests dynamically
+(`max_batch_size` is its preferred batch, `max_queue_delay_us`). A bad request gets an error that
 says what was wrong, and the server goes on serving. SIGTERM or Ctrl-C stops Triton and its children and removes
 the workspace; the workspace of a server that was SIGKILLed is removed at the next start.
 """
@@ -27,7 +30,14 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from aligner.servers.triton import BadRequest, TritonEndpointConfig, decode_text, require_pytriton, run_triton
+from aligner.servers.triton import (
+    DECLARED_MAX_BATCH_SIZE,
+    BadRequest,
+    TritonEndpointConfig,
+    decode_text,
+    require_pytriton,
+    run_triton,
+)
 
 INPUT_FORMS = (
     "send `sentences`, or `prompts` and `responses` (with optional `metadata`), or `tokens` and `sequence_lengths`"
@@ -40,10 +50,22 @@ class RewardServerConfig(TritonEndpointConfig):
     model_path: str | None = Field(None, description="Hugging Face sequence-classification reward model (1 label).")
     function: str | None = Field(None, description="'module:callable' reward (prompts, responses[, metadata]).")
     tokenizer_path: str | None = Field(
-        None, description="Tokenizer for `tokens` inputs; default: the model's (required for a function)."
+        None,
+        description="Tokenizer for `tokens` inputs; default: the model's (a function needs one for `tokens`, and "
+        "for `sentences` to be split into prompt and response).",
+    )
+    assistant_marker: str | None = Field(
+        None,
+        description="Text that ends the prompt in `tokens`/`sentences` inputs given to a function (the last one "
+        "counts); default: the generation prompt of the tokenizer's chat template, e.g. '<|assistant|>\\n'.",
     )
     model_name: str = Field("reward_model", description="Triton model name.")
-    max_batch_size: int = Field(64, ge=1, description="Largest batch Triton forms or accepts.")
+    max_batch_size: int = Field(
+        64,
+        ge=1,
+        description="Rows Triton's dynamic batcher prefers to merge concurrent requests into; a request of any size "
+        "is accepted (the model declares NeMo-Aligner's 9999999) and scored `batch_size` rows per forward pass.",
+    )
     dynamic_batching: bool = Field(
         True, description="Let Triton merge concurrent requests into one batch; false: one request per forward pass."
     )
@@ -86,6 +108,7 @@ class RewardScorer:
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path)
+        self.splitter = PromptSplitter(self.tokenizer, config.assistant_marker) if self.tokenizer else None
 
     def score_text(self, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]) -> np.ndarray:
         if self.model is not None:
@@ -107,8 +130,20 @@ class RewardScorer:
             return self._standardise(rewards.numpy())
         if self.tokenizer is None:
             raise BadRequest("this server has no tokenizer for `tokens` inputs (start it with --tokenizer); send text")
-        texts = self.tokenizer.batch_decode([row[:n].tolist() for row, n in zip(tokens, lengths)])
-        return self.score_text(texts, [""] * len(texts), [{}] * len(texts))
+        rows = [row[:n].tolist() for row, n in zip(tokens, lengths)]
+        if self.model is not None:  # a model reads the whole text, as the policy wrote it
+            texts = self.tokenizer.batch_decode(rows)
+            return self.score_text(texts, [""] * len(texts), [{}] * len(texts))
+        prompts, responses = zip(*(self.splitter.split(row) for row in rows)) if rows else ((), ())
+        return self.score_text(list(prompts), list(responses), [{}] * len(rows))
+
+    def score_sentences(self, sentences: list[str]) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+        """`sentences` as the (prompts, responses, metadata) to score: a model reads each whole; a function gets it
+        split at the assistant marker when the server has a tokenizer, else the whole text as the response."""
+        if self.model is not None or self.splitter is None:
+            return [""] * len(sentences), sentences, [{}] * len(sentences)
+        pairs = [self.splitter.split(self.tokenizer.encode(t, add_special_tokens=False)) for t in sentences]
+        return [p for p, _ in pairs], [r for _, r in pairs], [{}] * len(sentences)
 
     def _standardise(self, rewards: np.ndarray) -> np.ndarray:
         rewards = rewards.astype(np.float32).reshape(-1)
@@ -116,7 +151,7 @@ class RewardScorer:
 
     def infer(self, requests: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         """Triton's batch of requests -> one `{"rewards": [B, 1]}` per request; text requests share one pass."""
-        parsed = [_parse_request(r) for r in requests]
+        parsed = [_parse_request(r, self) for r in requests]
         texts = [p for p in parsed if p[0] == "text"]
         text_rewards: list[np.ndarray] = []
         if texts:
@@ -133,12 +168,57 @@ class RewardScorer:
         return out
 
 
-def _parse_request(request: dict[str, np.ndarray]):
+class PromptSplitter:
+    """Splits a conversation's token ids into the prompt's and the response's text, special tokens left out.
+
+    The prompt ends after the last `marker` in the text decoded with its special tokens; the marker defaults to the
+    generation prompt of the tokenizer's chat template (what `add_generation_prompt` appends to a conversation,
+    e.g. '<|assistant|>\\n' or '<|im_start|>assistant\\n'), which is where the policy began to write. Without a
+    marker (no chat template) or when the text has none, the prompt is "" and the whole text is the response.
+    """
+
+    PROBE = [{"role": "user", "content": "\x00"}]
+
+    def __init__(self, tokenizer, marker: str | None = None):
+        self.tokenizer = tokenizer
+        self.marker = marker if marker is not None else self._generation_prompt(tokenizer)
+
+    @classmethod
+    def _generation_prompt(cls, tokenizer) -> str | None:
+        if not getattr(tokenizer, "chat_template", None):
+            return None
+        try:
+            with_prompt = tokenizer.apply_chat_template(cls.PROBE, add_generation_prompt=True, tokenize=False)
+            without = tokenizer.apply_chat_template(cls.PROBE, add_generation_prompt=False, tokenize=False)
+        except Exception:  # noqa: BLE001 - a template that cannot render a lone user turn: no marker
+            return None
+        if not with_prompt.startswith(without) or with_prompt == without:
+            return None
+        return with_prompt[len(without) :]
+
+    def split(self, ids: list[int]) -> tuple[str, str]:
+        decode = self.tokenizer.decode
+        end = -1
+        if self.marker:
+            start = decode(ids).rfind(self.marker)
+            end = start + len(self.marker) if start >= 0 else -1
+        if end < 0:
+            return "", decode(ids, skip_special_tokens=True)
+        # the fewest tokens whose text covers the marker: prefix texts grow with the prefix
+        lo, hi = 0, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(decode(ids[:mid])) >= end:
+                hi = mid
+            else:
+                lo = mid + 1
+        return decode(ids[:lo], skip_special_tokens=True), decode(ids[lo:], skip_special_tokens=True)
+
+
+def _parse_request(request: dict[str, np.ndarray], scorer: RewardScorer):
     names = set(request)
     if names == {"sentences"}:
-        # The whole text is the response: a reward function cannot tell where the prompt ended.
-        sentences = decode_text("sentences", request["sentences"])
-        return "text", ([""] * len(sentences), sentences, [{}] * len(sentences))
+        return "text", scorer.score_sentences(decode_text("sentences", request["sentences"]))
     if names in ({"prompts", "responses"}, {"prompts", "responses", "metadata"}):
         prompts, responses = decode_text("prompts", request["prompts"]), decode_text("responses", request["responses"])
         if len(prompts) != len(responses):
@@ -176,8 +256,11 @@ def serve(config: RewardServerConfig, ready: threading.Event | None = None, stop
             ],
             outputs=[Tensor(name="rewards", dtype=np.float32, shape=(1,))],
             config=ModelConfig(
-                max_batch_size=config.max_batch_size,
-                batcher=DynamicBatcher(max_queue_delay_microseconds=config.max_queue_delay_us)
+                max_batch_size=DECLARED_MAX_BATCH_SIZE,  # NeMo-Aligner's clients never split: any size is served
+                batcher=DynamicBatcher(
+                    max_queue_delay_microseconds=config.max_queue_delay_us,
+                    preferred_batch_size=[config.max_batch_size],
+                )
                 if config.dynamic_batching
                 else None,  # no `dynamic_batching` section in Triton's model config
             ),

@@ -29,6 +29,13 @@ from aligner.processes import LOOPBACK
 from aligner.rewards.http import BAD_REQUEST
 
 WORKSPACE_PREFIX = "aligner-triton-"
+# The `max_batch_size` the servers declare to Triton for their batched models. Triton refuses a larger request and
+# NeMo-Aligner's clients never split a batch (NeMo's own servers declare 9999999): the servers accept any size and
+# split into their configured forward batch inside.
+DECLARED_MAX_BATCH_SIZE = 9_999_999
+# How long a stopping Triton waits for in-flight requests and open connections. Its default, 30 s, is spent in full
+# whenever a client keeps an idle keep-alive connection open (as `requests` sessions do): every stop took 30 s.
+EXIT_TIMEOUT_S = 5
 
 
 class BadRequest(AlignerError, ValueError):
@@ -105,7 +112,7 @@ def run_triton(
     `what` names the server in its messages ("reward server"), `detail` goes into the ready line; `ready` is set
     once Triton answers. The workspace is removed at the end, and stale ones of dead servers at the start.
     """
-    from pytriton.triton import Triton, TritonConfig
+    from pytriton.triton import Triton, TritonConfig, TritonLifecyclePolicy
 
     _fix_triton_python_stub()
     tmp_root = Path(tempfile.gettempdir())
@@ -121,6 +128,7 @@ def run_triton(
         metrics_address=config.host,
         metrics_port=metrics_port,
         exit_on_error=True,
+        exit_timeout_secs=EXIT_TIMEOUT_S,
         log_verbose=0,
     )
     stop = stop or threading.Event()
@@ -130,7 +138,10 @@ def run_triton(
             handlers[sig] = signal.signal(sig, lambda *_: stop.set())
     started = time.perf_counter()
     try:
-        with Triton(config=triton_config, workspace=workspace) as triton:
+        # Triton starts only after the models are bound, and loads them before it opens its ports: with the default
+        # policy it starts empty and answers /v2/health/ready with 200 while an inference still gets 404.
+        policy = TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=True)
+        with Triton(config=triton_config, workspace=workspace, triton_lifecycle_policy=policy) as triton:
             bind(triton)
             triton.run()
             url = f"http://{config.host}:{config.http_port}"

@@ -31,7 +31,8 @@ START_TIMEOUT_S = 90
 
 class ServerProcess:
     """`python -m <module> <command> --port P <args>` (`aligner ...` by default) in a session of its own; ready when
-    every model in `models` is."""
+    every model in `models` is, or with no `models` when Triton's /v2/health/ready says so (what a client that knows
+    no model names waits for)."""
 
     def __init__(self, command: str, args: list[str], models: tuple[str, ...], module: str = "aligner.cli"):
         self.port = free_port(3)
@@ -43,15 +44,16 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
-            if all(self._ready(m) for m in models):
+            if all(self._ready(m) for m in models) if models else self._ready(None):
                 return
             time.sleep(0.3)
         self.stop()
         raise RuntimeError(f"server not ready after {START_TIMEOUT_S} s:\n{self.output()}")
 
-    def _ready(self, model: str) -> bool:
+    def _ready(self, model: str | None) -> bool:
+        path = f"/v2/models/{model}/ready" if model else "/v2/health/ready"
         try:
-            return requests.get(f"{self.url}/v2/models/{model}/ready", timeout=1).status_code == 200
+            return requests.get(self.url + path, timeout=1).status_code == 200
         except requests.RequestException:
             return False
 

@@ -29,13 +29,15 @@ from aligner.servers.critic_server import (
     CriticServerConfig,
     TokenValueModel,
     confined_path,
+    lengths_from_mask,
 )
 from aligner.servers.reward_server import RewardScorer, RewardServerConfig  # noqa: E402
+from aligner.servers.triton import DECLARED_MAX_BATCH_SIZE
 from aligner.trainers.critic_client import RemoteCriticClient  # noqa: E402
 from tests.helpers.triton_servers import ServerProcess  # noqa: E402
 
 MODELS = ("critic_infer", "critic_train", "critic_save")
-SERVER_SETTINGS = ("reward_mean=0.5", "reward_std=2.0", "lr=1e-3", "num_threads=1", "max_batch_size=2")
+SERVER_SETTINGS = ("reward_mean=0.5", "reward_std=2.0", "lr=1e-3", "num_threads=1", "max_batch_size=2", "batch_size=2")
 
 
 def Server(model_dir: Path, *args: str, settings=SERVER_SETTINGS) -> ServerProcess:  # noqa: N802
@@ -119,7 +121,8 @@ def test_bad_requests_say_what_is_wrong(critic):
             "returns and prev_values must be finite where",
         ),
         (lambda: critic.save("relative/critic.pt"), "path must be absolute"),
-        (lambda: critic.save_fn([{"tokens": tokens}]), r"missing input\(s\) \['path'\]"),
+        (lambda: critic.save_fn([{"path": np.array([[b"/a"], [b"/b"]], dtype=object)}]), "send one path; got 2"),
+        (lambda: critic.train_fn([{"tokens": tokens, "returns": returns}]), r"missing input\(s\) \['prev_values'"),
     ]
     for call, reason in cases:
         with pytest.raises(BadRequest, match="^bad request: " + reason):
@@ -127,6 +130,34 @@ def test_bad_requests_say_what_is_wrong(critic):
     # padding past the lengths is ignored, NaN included; an empty mask makes no step
     steps = critic.steps
     assert critic.train_step(tokens, lengths, returns, prev, mask * 0) == 0.0 and critic.steps == steps
+
+
+def test_lengths_from_the_mask_cover_every_masked_token():
+    mask = np.array([[0, 1, 1, 0], [0, 0, 0, 0], [1, 0, 0, 1]], dtype=np.float32)
+    # [B, S - 1] (NeMo-Aligner's): position t is token t + 1's log-prob; [B, S]: position t is token t
+    assert lengths_from_mask(mask, (3, 5)).tolist() == [4, 5, 5]
+    assert lengths_from_mask(mask, (3, 4)).tolist() == [3, 4, 4]
+    with pytest.raises(BadRequest, match=r"mask must be \[B, S\] = \[3, 7\]"):
+        lengths_from_mask(mask, (3, 7))
+
+
+def test_nemo_aligners_train_and_save_requests(reward_model_dir, tmp_path):
+    """critic_train without sequence_lengths, [B, S - 1] targets (NeMo-Aligner's infer_sample) steps exactly as with
+    them; critic_save with only `dummy_var` writes into save_dir and answers status 0."""
+    first, second = (Critic(critic_config(reward_model_dir, lr=1e-2, save_dir=str(tmp_path))) for _ in range(2))
+    tokens, lengths = batch()
+    returns, prev, mask = (x[:, :-1] for x in targets(first.values(tokens, lengths), lengths))
+    nemo = {"tokens": tokens, "returns": returns, "prev_values": prev, "mask": mask}
+    out = first.train_fn([nemo])[0]
+    loss = second.train_step(tokens, lengths, returns, prev, mask)
+    assert out["loss_mean"].tolist() == [loss] and out["loss"].shape == (5, 1) and loss > 0
+    np.testing.assert_array_equal(first.values(tokens, lengths), second.values(tokens, lengths))
+    saved = first.save_fn([{"dummy_var": np.array([[0]])}])[0]
+    assert saved["status"].tolist() == [[0]] and saved["path"][0, 0].decode() == str(tmp_path / CHECKPOINT_FILE)
+    assert Critic(critic_config(reward_model_dir, checkpoint=str(tmp_path))).steps == 1
+    small = Critic(critic_config(reward_model_dir, train_max_batch_size=4))
+    with pytest.raises(BadRequest, match=r"a critic_train step takes at most 4 rows .* got 5"):
+        small.train_fn([nemo])
 
 
 def test_save_and_load_resume_exactly(reward_model_dir, tmp_path):
@@ -196,16 +227,20 @@ def test_values_only_critic_and_models_without_a_score_head(reward_model_dir):
 
 
 @pytest.fixture(scope="module")
-def server(reward_model_dir):
-    server = Server(reward_model_dir)
+def server(reward_model_dir, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("nemo_saves")
+    server = Server(reward_model_dir, "--set", f"save_dir={save_dir}")
+    server.save_dir = save_dir
     yield server
     server.stop()
 
 
 def test_client_infers_values_and_rewards_in_chunks(server, reward_model_dir):
     client = RemoteCriticClient(server.url)
-    assert client.max_batch_size == 2 and client.serves_rewards and client.train_max_batch_size == 1024
-    tokens, lengths = batch()  # 5 rows, the server's max batch 2: chunks of 2, 2, 1
+    # any batch is answered (NeMo-Aligner's clients never split); critic_train is unbatched, as NeMo-Aligner's
+    assert client.max_batch_size == DECLARED_MAX_BATCH_SIZE and client.serves_rewards
+    assert client.train_max_batch_size == 0
+    tokens, lengths = batch()  # 5 rows, the server's batch_size 2: forward passes of 2, 2, 1
     values, rewards = client.infer(torch.from_numpy(tokens), torch.from_numpy(lengths)[:, None]).result(timeout=60)
     assert values.dtype == rewards.dtype == torch.float32 and values.shape == (5, 9) and rewards.shape == (5,)
     # the same critic (mean 0.5, std 2) in-process, before any training
@@ -252,10 +287,36 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server):
     assert "bad request: path must be absolute" in server.output()  # the server's log says why; the client does not
     with pytest.raises(ValueError, match=r"lengths must lie in \[1, 3\]"):
         client.infer([[7, 8, 9]], [4])
-    with pytest.raises(ValueError, match=r"a critic training step takes 1 to 1024 rows"):
+    with pytest.raises(CriticError, match="refused the request"):
         client.train(np.ones((1025, 2)), np.ones(1025), *(np.zeros((1025, 2)),) * 3)
+    assert "bad request: a critic_train step takes at most 1024 rows" in server.output()
     values, rewards = client.infer([[7, 8, 9]], [3]).result(timeout=30)  # still serving
     assert values.shape == (1, 3) and rewards.shape == (1,)
+
+
+def test_nemo_aligners_client_infers_trains_and_saves(server):
+    """As NeMo-Aligner's PPO actor calls the critic: infer_batch (never split), infer_sample for a training step with
+    [B, S - 1] targets and no lengths, infer_sample(dummy_var=[0]) to save."""
+    from pytriton.client import FuturesModelClient
+
+    def nemo(model: str) -> FuturesModelClient:
+        return FuturesModelClient(server.url, model, init_timeout_s=60, inference_timeout_s=60)
+
+    tokens, lengths = batch(rows=7, seed=3)  # 7 rows > the server's max_batch_size and batch_size (2)
+    with nemo("critic_infer") as client:
+        out = client.infer_batch(tokens=tokens, sequence_lengths=lengths[:, None]).result()
+    assert out["values"].shape == (7, 9) and out["rewards"].shape == (7, 1)
+    returns, prev, mask = (x[:, :-1] for x in targets(out["values"], lengths))
+    with nemo("critic_train") as client:
+        answer = client.infer_sample(tokens=tokens, returns=returns, prev_values=prev, mask=mask).result()
+    # the values start at prev_values, 0.5 below the returns: the value loss is 0.5 * 0.5^2 on every token
+    assert answer["loss_mean"].shape == (1,) and answer["loss_mean"][0] == pytest.approx(0.125, abs=1e-5)
+    with nemo("critic_infer") as client:
+        after = client.infer_batch(tokens=tokens, sequence_lengths=lengths[:, None]).result()["values"]
+    assert ((after[:, :-1] - out["values"][:, :-1]) * mask).sum() > 0  # a step towards the returns
+    with nemo("critic_save") as client:
+        status = client.infer_sample(dummy_var=np.array([0])).result()["status"]
+    assert status.tolist() == [0] and (server.save_dir / CHECKPOINT_FILE).stat().st_size > 0
 
 
 def _bytes(name: str, value: str) -> dict:

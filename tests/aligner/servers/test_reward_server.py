@@ -24,6 +24,8 @@ from aligner.errors import RewardError  # noqa: E402
 from aligner.processes import free_port  # noqa: E402
 from aligner.rewards.local import ModelRewardClient
 from aligner.rewards.remote import RemoteRewardClient  # noqa: E402
+from aligner.servers.reward_server import PromptSplitter
+from aligner.servers.triton import DECLARED_MAX_BATCH_SIZE
 from tests.helpers.learning import assert_reward_rises  # noqa: E402
 from tests.helpers.triton_servers import ServerProcess  # noqa: E402
 
@@ -33,8 +35,9 @@ def Server(*args: str) -> ServerProcess:  # noqa: N802 - reads as the class it w
 
 
 @pytest.fixture(scope="module")
-def function_server():
-    server = Server("--function", "tests.helpers.rewards:length_reward", "--max-batch-size", "4")
+def function_server(tiny_policy_dir):
+    args = ["--function", "tests.helpers.rewards:length_reward", "--max-batch-size", "4"]
+    server = Server(*args, "--tokenizer", str(tiny_policy_dir))
     yield server
     server.stop()
 
@@ -48,15 +51,73 @@ def model_server(reward_model_dir):
 
 def test_project_client_sends_prompts_responses_and_metadata(function_server):
     client = RemoteRewardClient(function_server.url)
-    assert client.max_batch_size == 4
+    assert client.max_batch_size == DECLARED_MAX_BATCH_SIZE  # NeMo-Aligner's: any batch is answered
+    config = requests.get(f"{function_server.url}/v2/models/reward_model/config", timeout=10).json()
+    assert config["dynamic_batching"]["preferred_batch_size"] == [4]  # --max-batch-size: what Triton merges to
     rewards = client.submit(["p1", "p2"], ["abc", "hello"], [{}, {"answer": "hello"}]).result(timeout=30)
     assert rewards.dtype == torch.float32 and rewards.tolist() == [3.0, 105.0]
 
 
-def test_client_splits_batches_larger_than_the_server_max(function_server):
+def test_batches_larger_than_the_preferred_batch_are_answered(function_server):
     client = RemoteRewardClient(function_server.url)
-    responses = ["x" * i for i in range(11)]  # 11 rows, max batch 4: chunks of 4, 4, 3
+    responses = ["x" * i for i in range(11)]  # 11 rows, preferred batch 4
     assert client.score(["p"] * 11, responses).tolist() == [float(i) for i in range(11)]
+
+
+def conversations(tokenizer, rows: int):
+    """NeMo-Aligner's reward request: chat prompts and responses tokenized apart, as the policy wrote them, joined and
+    zero-padded [rows, S], with their lengths [rows, 1]; and the response texts."""
+    ids, texts = [], []
+    for i in range(rows):
+        turns = [{"role": "user", "content": f"tell me about cat {i}"}]
+        if i % 3 == 0:  # a multi-turn prompt: the last assistant marker counts
+            turns = [*turns, {"role": "assistant", "content": "a dog"}, {"role": "user", "content": "why"}]
+        prompt = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+        response = "the cat is kind and slow"[: i % 23]
+        ids.append(
+            tokenizer.encode(prompt, add_special_tokens=False)
+            + tokenizer.encode(response, add_special_tokens=False)
+            + [tokenizer.eos_token_id]
+        )
+        texts.append(response)
+    width = max(map(len, ids))
+    tokens = np.array([row + [0] * (width - len(row)) for row in ids], dtype=np.int64)
+    return tokens, np.array([[len(row)] for row in ids], dtype=np.int64), texts
+
+
+def test_nemo_aligners_client_gets_each_rows_reward_from_a_function(function_server, tiny_policy_dir):
+    """NeMo-Aligner's actor calls `infer_batch(tokens=, sequence_lengths=)` and never splits: 130 rows, far above
+    the preferred batch (4) and the old maximum (64). The function sees each response alone, special tokens left
+    out; the `sentences` form (the decoded conversations) splits the same way."""
+    from pytriton.client import FuturesModelClient
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_policy_dir)
+    tokens, lengths, responses = conversations(tokenizer, 130)
+    expected = np.array([[float(len(r))] for r in responses], dtype=np.float32)
+    sentences = np.array([[tokenizer.decode(t[:n]).encode()] for t, (n,) in zip(tokens, lengths)], dtype=object)
+    with FuturesModelClient(function_server.url, "reward_model", init_timeout_s=60, inference_timeout_s=60) as client:
+        by_tokens = client.infer_batch(tokens=tokens, sequence_lengths=lengths).result()["rewards"]
+        by_text = client.infer_batch(sentences=sentences).result()["rewards"]
+    assert by_tokens.shape == (130, 1) and len(set(by_tokens.ravel().tolist())) == 23  # every length 0 .. 22
+    np.testing.assert_array_equal(by_tokens, expected)
+    np.testing.assert_array_equal(by_text, expected)
+
+
+def test_prompt_splitter_finds_the_last_assistant_turn(tiny_policy_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_policy_dir)
+    splitter = PromptSplitter(tokenizer)
+    assert splitter.marker == "<|assistant|>\n"  # the chat template's generation prompt
+    tokens, lengths, responses = conversations(tokenizer, 4)
+    prompt, response = splitter.split(tokens[3, : lengths[3, 0]].tolist())
+    assert (prompt, response) == ("\ntell me about cat 3\n\na dog\n\nwhy\n\n", responses[3])
+    plain = tokenizer.encode("no turns at all</s>", add_special_tokens=False)
+    assert splitter.split(plain) == ("", "no turns at all")  # no marker: all of it is the response
+    tokenizer.chat_template = None
+    assert PromptSplitter(tokenizer).marker is None
+    assert PromptSplitter(tokenizer, "cat 3").split(tokens[3, : lengths[3, 0]].tolist())[1].startswith("\n\na dog")
 
 
 def test_plain_kserve_json_and_the_curl_form(function_server):
@@ -112,6 +173,8 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(function_ser
 
 
 def test_model_server_scores_text_and_tokens_like_the_in_process_model(model_server, reward_model_dir):
+    from pytriton.client import FuturesModelClient
+
     local = ModelRewardClient(reward_model_dir)
     texts = ["tell me about the cat.", "the dog is sad and slow"]
     expected = (local.score(texts) - 0.5) / 2.0  # the server standardises with mean 0.5, std 2
@@ -129,6 +192,13 @@ def test_model_server_scores_text_and_tokens_like_the_in_process_model(model_ser
     }
     out = requests.post(f"{model_server.url}/v2/models/reward_model/infer", json=body, timeout=10).json()
     torch.testing.assert_close(torch.tensor(out["outputs"][0]["data"]), expected, atol=1e-5, rtol=1e-5)
+
+    # NeMo-Aligner's client: one unsplit batch of 130 rows (the server's batch_size is 32, max_batch_size 64)
+    many = np.array([tokens[i % 2] for i in range(130)], dtype=np.int64)
+    many_lengths = np.array([[len(ids[i % 2])] for i in range(130)], dtype=np.int64)
+    with FuturesModelClient(model_server.url, "reward_model", init_timeout_s=60, inference_timeout_s=60) as nemo:
+        rewards = nemo.infer_batch(tokens=many, sequence_lengths=many_lengths).result()["rewards"]
+    torch.testing.assert_close(torch.tensor(rewards[:, 0]), expected.repeat(65), atol=1e-5, rtol=1e-5)
 
 
 def test_unreachable_server_is_a_clear_error_naming_the_url():
@@ -218,11 +288,16 @@ def test_training_against_the_live_server_raises_the_reward(demo_assets_dir, tmp
     assert all(r["timers/reward"] < 5 for r in rows)
 
 
-def test_dynamic_batching_can_be_switched_off():
-    server = Server("--function", "tests.helpers.rewards:length_reward", "--set", "dynamic_batching=false")
+def test_dynamic_batching_can_be_switched_off_and_ready_means_it_answers():
+    args = ["--function", "tests.helpers.rewards:length_reward", "--set", "dynamic_batching=false"]
+    server = ServerProcess("serve-reward", args, models=())  # waits for /v2/health/ready only
     try:
+        # the first inference right after /v2/health/ready turned 200 (Triton used to be ready before the model)
+        body = {"inputs": [{"name": "sentences", "shape": [1, 1], "datatype": "BYTES", "data": ["abc"]}]}
+        first = requests.post(f"{server.url}/v2/models/reward_model/infer", json=body, timeout=10)
+        assert first.status_code == 200 and first.json()["outputs"][0]["data"] == [3.0]
         config = requests.get(f"{server.url}/v2/models/reward_model/config", timeout=10).json()
-        assert "dynamic_batching" not in config and config["max_batch_size"] == 64
+        assert "dynamic_batching" not in config and config["max_batch_size"] == DECLARED_MAX_BATCH_SIZE
         assert RemoteRewardClient(server.url).score(["p", "q"], ["ab", "abcd"]).tolist() == [2.0, 4.0]
     finally:
         server.stop()
