@@ -12,7 +12,8 @@ model metadata, `GET /v2/models/NAME`): a critic_train without `sequence_lengths
 rather than `path` is NeMo's (it saves where its own config says, and answers `status`).
 
 Inference is split into requests of the server's `max_batch_size` rows sent concurrently; a training step is never
-split (it is one optimiser step) and is refused if larger than the server's `train_max_batch_size`. Every request
+split (it is one optimiser step) and is refused if larger than the `max_batch_size` of a batched critic_train (an
+unbatched one, as Aligner's and NeMo's servers declare it, refuses an oversized step itself). Every request
 goes through a `ServerConnection` (aligner/rewards/http.py): a timeout, bounded retries of transient failures, and
 waiting with backoff for a server that is away, up to `unavailable_timeout_s` (`critic.unavailable_timeout_s`;
 then a `CriticServerUnavailableError`). A request the server refuses (HTTP 4xx, or an error it marks
