@@ -95,6 +95,7 @@ class PPOTrainer(ReinforceTrainer):
         super().__init__(config)
         self.critic: RemoteCriticClient | None = None
         self.critic_process = None
+        self._warned_critic_elsewhere = False
         self._critic_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="critic")
 
     # ----------------------------------------------------------------------------------------------- setup
@@ -372,7 +373,15 @@ class PPOTrainer(ReinforceTrainer):
         return super()._can_checkpoint_after(err) and not isinstance(err, CriticServerUnavailableError)
 
     def _save_extra(self, folder: Path) -> None:
-        self.critic.save(str(folder / CRITIC_DIR) + "/")
+        if self.critic.save(str(folder / CRITIC_DIR) + "/") is None and not self._warned_critic_elsewhere:
+            # NeMo-Aligner's critic_save takes no path: its server saves where its own config says.
+            self._warned_critic_elsewhere = True
+            self.log.log_event(
+                self.step,
+                "the critic server saves its critic where its own config says (NeMo-Aligner's critic_save takes no "
+                f"path): checkpoints in {folder.parent} hold no critic, and an exact resume needs that server's save",
+                level="warning",
+            )
 
 
 def _then(future: Future, fn) -> Future:
