@@ -166,6 +166,7 @@ def test_critic_warmup_steps_train_the_critic_only(run_config, tiny_policy_dir):
     rollout = PPORollout(
         gen.response_batch(),
         mask,
+        mask,
         gen.logprobs,
         torch.randn(mask.shape) * mask,
         mask,
