@@ -70,6 +70,13 @@ def _collectives(rank: int, store: str) -> None:
         p = torch.nn.Parameter(torch.full((4,), float(rank)))
         distributed.broadcast_parameters([p])
         assert torch.equal(p.data, torch.zeros(4))
+
+        # The shared queue deals every index once; each rank starts at its own, and a second call starts afresh.
+        for _ in range(2):
+            mine = list(distributed.dynamic_indices(9))
+            assert mine[0] == rank and mine == sorted(mine)
+            dealt = distributed.all_gather_objects(mine)
+            assert sorted(dealt[0] + dealt[1]) == list(range(9))
     finally:
         dist.destroy_process_group()
 
@@ -114,13 +121,43 @@ def _run(command: list[str], timeout: float = 300) -> subprocess.CompletedProces
     return done
 
 
+def test_dynamic_batching_samples_what_a_static_split_into_the_same_chunks_samples(tmp_path, tiny_policy_dir):
+    """Chunks are seeded by their global position, not by the rank that takes them: one rank taking both chunks of
+    2 prompts draws the (prompt, response, reward) rows that 2 ranks with fixed shares of 2 prompts draw."""
+    from aligner.config import config_from_dict
+    from aligner.trainers.reinforce import ReinforceTrainer
+
+    reinforce = {"num_prompts_per_step": 4, "dynamic_batching_prompts": 2}
+    trainer = ReinforceTrainer(config_from_dict(_config(tmp_path, tiny_policy_dir, "run", reinforce=reinforce)))
+    trainer.setup()
+    indices = trainer.sampler.next_batch(4)
+
+    def rows() -> list[tuple]:
+        return [(s["prompt"], s["response"], s["reward"]) for s in trainer.rollout(indices, trainer.train_data).samples]
+
+    static = []
+    try:
+        for rank in (0, 1):  # the static shares of 2 ranks, without processes
+            distributed.set_data_parallel(rank, 2, leader=True)
+            static += rows()
+    finally:
+        distributed.destroy()
+    trainer.config.reinforce.dynamic_batching = True
+    dynamic = rows()
+    assert len(dynamic) == 12 and len({r[1] for r in dynamic}) > 1
+    assert sorted(static) == sorted(dynamic)
+
+
 @pytest.mark.slow
 def test_two_ranks_on_a_global_batch_make_the_one_rank_update(tmp_path, tiny_policy_dir):
     """Same rollout (samples that do not depend on the split), 2 optimiser steps: gradients, weights, metrics and
-    logged samples of 2 processes are those of 1 process, to float rounding."""
+    logged samples of 2 processes, which deal the prompts from a shared queue (reinforce.dynamic_batching), are
+    those of 1 process with the whole batch, to float rounding."""
     results = {}
     for ranks in (1, 2):
-        config = _config(tmp_path, tiny_policy_dir, f"run{ranks}")
+        # Every train sample is logged: the queue's dealing changes their order, not the set.
+        dynamic = {"reinforce": {"dynamic_batching": ranks == 2}, "trainer": {"train_samples_to_log": 15}}
+        config = _config(tmp_path, tiny_policy_dir, f"run{ranks}", **dynamic)
         (tmp_path / f"config{ranks}.json").write_text(json.dumps(config))
         worker = [
             "-m",
@@ -151,7 +188,11 @@ def test_two_ranks_on_a_global_batch_make_the_one_rank_update(tmp_path, tiny_pol
                 # rel 1e-4: the loss sums terms of both signs (whitened advantages), which magnifies relative rounding.
                 assert r2[key] == pytest.approx(r1[key], rel=1e-4, abs=1e-7), key
     assert len(one["samples"]) == len(two["samples"])
-    for s1, s2 in zip(one["samples"], two["samples"]):
+
+    def ordered(samples):
+        return sorted(samples, key=lambda s: (s["step"], s["split"], s["prompt"], s["response"]))
+
+    for s1, s2 in zip(ordered(one["samples"]), ordered(two["samples"])):
         assert {k: s2[k] for k in ("step", "split", "prompt", "response", "is_end")} == {
             k: s1[k] for k in ("step", "split", "prompt", "response", "is_end")
         }

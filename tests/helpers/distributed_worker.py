@@ -35,11 +35,15 @@ class PerPromptGenerator:
     def __init__(self, inner):
         self.inner = inner
 
+    @property
+    def pad_id(self) -> int:
+        return self.inner.pad_id
+
     def update_weights(self, model) -> None:
         self.inner.update_weights(model)
 
     def generate(self, prompt_ids: list[list[int]], num_samples: int, seed: int):
-        base = seed - distributed.rank() * RANK_SEED_STRIDE
+        base = seed % RANK_SEED_STRIDE  # the step's seed, whichever rank (or dynamic_batching chunk) samples
         parts = [
             self.inner.generate([ids], num_samples, base + zlib.crc32(json.dumps(ids).encode())) for ids in prompt_ids
         ]
