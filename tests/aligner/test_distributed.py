@@ -133,7 +133,8 @@ def test_dynamic_batching_samples_what_a_static_split_into_the_same_chunks_sampl
     indices = trainer.sampler.next_batch(4)
 
     def rows() -> list[tuple]:
-        return [(s["prompt"], s["response"], s["reward"]) for s in trainer.rollout(indices, trainer.train_data).samples]
+        samples = trainer.rollout(indices, trainer.train_data).samples
+        return [(s["prompt"], s["response"], s["reward"]) for s in samples]
 
     static = []
     try:
