@@ -149,17 +149,11 @@ def test_dynamic_batching_samples_what_a_static_split_into_the_same_chunks_sampl
     assert sorted(static) == sorted(dynamic)
 
 
-@pytest.mark.slow
-def test_two_ranks_on_a_global_batch_make_the_one_rank_update(tmp_path, tiny_policy_dir):
-    """Same rollout (samples that do not depend on the split), 2 optimiser steps: gradients, weights, metrics and
-    logged samples of 2 processes, which deal the prompts from a shared queue (reinforce.dynamic_batching), are
-    those of 1 process with the whole batch, to float rounding."""
+def _one_and_two_ranks(tmp_path: Path, configs: dict[int, dict]) -> tuple[dict, dict]:
+    """tests/helpers/distributed_worker.py's results of configs[1] in 1 process and configs[2] in 2 (torchrun)."""
     results = {}
     for ranks in (1, 2):
-        # Every train sample is logged: the queue's dealing changes their order, not the set.
-        dynamic = {"reinforce": {"dynamic_batching": ranks == 2}, "trainer": {"train_samples_to_log": 15}}
-        config = _config(tmp_path, tiny_policy_dir, f"run{ranks}", **dynamic)
-        (tmp_path / f"config{ranks}.json").write_text(json.dumps(config))
+        (tmp_path / f"config{ranks}.json").write_text(json.dumps(configs[ranks]))
         worker = [
             "-m",
             "tests.helpers.distributed_worker",
@@ -168,10 +162,13 @@ def test_two_ranks_on_a_global_batch_make_the_one_rank_update(tmp_path, tiny_pol
         ]
         _run((TORCHRUN if ranks == 2 else [sys.executable]) + worker)
         results[ranks] = torch.load(tmp_path / f"{ranks}.pt", weights_only=False)
-    one, two = results[1], results[2]
-    assert (one["world_size"], two["world_size"]) == (1, 2)
+    assert (results[1]["world_size"], results[2]["world_size"]) == (1, 2)
+    return results[1], results[2]
 
-    assert len(one["grads"]) == len(two["grads"]) == 2
+
+def _assert_same_run(one: dict, two: dict, optimiser_steps: int) -> None:
+    """Gradients, weights, metrics and logged samples of 2 processes are those of 1 process, to float rounding."""
+    assert len(one["grads"]) == len(two["grads"]) == optimiser_steps
     for g1, g2 in zip(one["grads"], two["grads"]):
         assert g1.keys() == g2.keys()
         assert any(g.abs().max() > 0 for g in g1.values())  # a real update, not a batch of zero advantages
@@ -199,6 +196,35 @@ def test_two_ranks_on_a_global_batch_make_the_one_rank_update(tmp_path, tiny_pol
         }
         for key in ("reward", "kl", "advantage"):  # validation rows have no advantage
             assert s2[key] == (None if s1[key] is None else pytest.approx(s1[key], rel=1e-4, abs=1e-6))
+
+
+@pytest.mark.slow
+def test_two_ranks_on_a_global_batch_make_the_one_rank_update(tmp_path, tiny_policy_dir):
+    """Same rollout (samples that do not depend on the split), 2 optimiser steps: 2 processes, which deal the
+    prompts from a shared queue (reinforce.dynamic_batching), take the update of 1 process with the whole batch."""
+    configs = {}
+    for ranks in (1, 2):
+        # Every train sample is logged: the queue's dealing changes their order, not the set.
+        dynamic = {"reinforce": {"dynamic_batching": ranks == 2}, "trainer": {"train_samples_to_log": 15}}
+        configs[ranks] = _config(tmp_path, tiny_policy_dir, f"run{ranks}", **dynamic)
+    _assert_same_run(*_one_and_two_ranks(tmp_path, configs), optimiser_steps=2)
+
+
+@pytest.mark.slow
+def test_ppo_on_two_ranks_makes_the_one_rank_update(tmp_path, tiny_policy_dir, reward_model_dir):
+    """PPO under torchrun: rank 0's critic server serves both ranks and trains on the gathered global batch;
+    advantages are whitened over it. Actor gradients, weights, metrics (the critic's loss among them) and samples
+    of 2 processes are those of 1."""
+    pytest.importorskip("pytriton")
+    sections = {
+        "critic": {"model_path": str(reward_model_dir), "server_overrides": ["lr=1e-3", "num_threads=1"]},
+        "ppo": {"normalize_advantages": True},
+        "trainer": {"train_samples_to_log": 15},
+    }
+    configs = {r: {**_config(tmp_path, tiny_policy_dir, f"ppo{r}", **sections), "algorithm": "ppo"} for r in (1, 2)}
+    one, two = _one_and_two_ranks(tmp_path, configs)
+    _assert_same_run(one, two, optimiser_steps=2)
+    assert all(r["train_optim/critic_loss"] > 0 for r in one["metrics"][1:])
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ import torch
 from aligner import distributed
 from aligner.config import config_from_dict
 from aligner.generation.generator import _concat
+from aligner.trainers.ppo import PPOTrainer
 from aligner.trainers.reinforce import RANK_SEED_STRIDE, ReinforceTrainer
 from aligner.trainers.run_log import read_jsonl
 
@@ -53,7 +54,8 @@ class PerPromptGenerator:
 
 
 def main(config_path: str, out_path: str) -> None:
-    trainer = ReinforceTrainer(config_from_dict(json.loads(Path(config_path).read_text())))
+    config = config_from_dict(json.loads(Path(config_path).read_text()))
+    trainer = (PPOTrainer if config.algorithm == "ppo" else ReinforceTrainer)(config)
     trainer.setup()
     trainer.generator = PerPromptGenerator(trainer.generator)
     grads = []
