@@ -219,7 +219,8 @@ def test_ppo_on_two_ranks_makes_the_one_rank_update(tmp_path, tiny_policy_dir, r
     sections = {
         "critic": {"model_path": str(reward_model_dir), "server_overrides": ["lr=1e-3", "num_threads=1"]},
         "ppo": {"normalize_advantages": True},
-        "trainer": {"train_samples_to_log": 15},
+        # One validation and one checkpoint (a critic_save) fewer than the REINFORCE run: the critic server is slow.
+        "trainer": {"train_samples_to_log": 15, "val_check_interval": 2, "save_interval": 2},
     }
     configs = {r: {**_config(tmp_path, tiny_policy_dir, f"ppo{r}", **sections), "algorithm": "ppo"} for r in (1, 2)}
     one, two = _one_and_two_ranks(tmp_path, configs)
