@@ -56,13 +56,13 @@ class SkewedGenerator:
         from aligner.generation.generator import _concat
 
         config, parts = self.inner.config, []
-        saved = (config.max_new_tokens, config.min_new_tokens)
         try:
             for is_long, run in itertools.groupby(prompt_ids, key=lambda ids: tuple(ids) in self.long):
-                config.max_new_tokens = config.min_new_tokens = SKEW_LONG if is_long else SKEW_SHORT
+                tokens = SKEW_LONG if is_long else SKEW_SHORT
+                self.inner.config = config.model_copy(update={"max_new_tokens": tokens, "min_new_tokens": tokens})
                 parts.append(self.inner.generate(list(run), num_samples, seed + len(parts)))
         finally:
-            config.max_new_tokens, config.min_new_tokens = saved
+            self.inner.config = config
         out = parts[0] if len(parts) == 1 else _concat(parts, self.pad_id)
         out.group_ids = torch.arange(len(prompt_ids)).repeat_interleave(num_samples)
         return out
