@@ -16,7 +16,8 @@ the gradient all-reduce ends it) and the median is reported.
 `--skewed` makes the response lengths uneven: of each step's global batch (prompts in file order), the first half
 sample SKEW_LONG tokens and the second half SKEW_SHORT (forced: min = max new tokens, per run of prompts). The
 static split gives rank 0 every long prompt; a run ending in `d` deals chunks of `--chunk` prompts from the shared
-queue (reinforce.dynamic_batching), so the rank done with a short chunk takes the next long one.
+queue (reinforce.dynamic_batching), so the rank done with a short chunk takes the next long one. Training goes in
+micro-batches of SKEW_MICRO_BATCH responses, so short rows are not padded to the long ones' width.
 
 On a machine of C cores, compare runs that use the same cores: 1x2 against 2x1 on 2 cores. Data parallelism on one
 CPU host trades intra-op threads for processes; it pays on several GPUs or nodes, where each rank has its own.
@@ -37,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 SKEW_LONG, SKEW_SHORT = 64, 4  # new tokens of the long and the short half of a step's prompts (--skewed)
+SKEW_MICRO_BATCH = 8  # --skewed: responses per micro-batch (2 prompts' samples), in both dealings
 
 
 class SkewedGenerator:
@@ -83,6 +85,8 @@ def child(
     overrides += [f"reinforce.dynamic_batching={str(dynamic).lower()}", f"reinforce.dynamic_batching_prompts={chunk}"]
     if skewed:
         overrides.append("data.shuffle=false")  # batches in file order: the long half first
+        # Micro-batches of a few rows: a rank's short rows are not padded to its long rows' width in training.
+        overrides.append(f"optim.micro_batch_size={SKEW_MICRO_BATCH}")
     trainer = ReinforceTrainer(load_config(config, overrides))
     trainer.setup()
     if skewed:

@@ -150,7 +150,7 @@ class PPOTrainer(ReinforceTrainer):
                 launching.exception()  # a server still starting is stopped once it is up
             self.close()
             raise
-        if checkpoint is not None and cfg.critic.server_url:
+        if checkpoint is not None and cfg.critic.server_url and distributed.is_main():
             print(
                 f"WARNING: resuming with the external critic server {cfg.critic.server_url}: it must have been "
                 f"restarted from {checkpoint} (aligner serve-critic --checkpoint {checkpoint}), or the critic "
