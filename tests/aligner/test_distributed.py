@@ -198,6 +198,22 @@ def _assert_same_run(one: dict, two: dict, optimiser_steps: int) -> None:
             assert s2[key] == (None if s1[key] is None else pytest.approx(s1[key], rel=1e-4, abs=1e-6))
 
 
+def test_dynamic_batching_needs_a_chunk_for_every_rank(tmp_path, tiny_policy_dir):
+    from aligner.config import config_from_dict
+    from aligner.errors import ConfigError
+    from aligner.trainers.reinforce import ReinforceTrainer
+
+    reinforce = {"num_prompts_per_step": 3, "dynamic_batching": True, "dynamic_batching_prompts": 2}
+    trainer = ReinforceTrainer(config_from_dict(_config(tmp_path, tiny_policy_dir, "run", reinforce=reinforce)))
+    trainer._check_dynamic_batching()  # 2 chunks for 1 rank
+    distributed.set_data_parallel(0, 3, leader=True)
+    try:
+        with pytest.raises(ConfigError, match=r"makes 2 chunks of dynamic_batching_prompts \(2\); every one of the 3"):
+            trainer._check_dynamic_batching()
+    finally:
+        distributed.destroy()
+
+
 @pytest.mark.slow
 def test_two_ranks_on_a_global_batch_make_the_one_rank_update(tmp_path, tiny_policy_dir):
     """Same rollout (samples that do not depend on the split), 2 optimiser steps: 2 processes, which deal the
