@@ -150,8 +150,10 @@ def test_dynamic_batching_samples_what_a_static_split_into_the_same_chunks_sampl
 
 
 def _one_and_two_ranks(tmp_path: Path, configs: dict[int, dict]) -> tuple[dict, dict]:
-    """tests/helpers/distributed_worker.py's results of configs[1] in 1 process and configs[2] in 2 (torchrun)."""
-    results = {}
+    """tests/helpers/distributed_worker.py's results of configs[1] in 1 process and configs[2] in 2 (torchrun).
+
+    The two runs go at once: most of their time is process and server startup, which overlaps well."""
+    running = {}
     for ranks in (1, 2):
         (tmp_path / f"config{ranks}.json").write_text(json.dumps(configs[ranks]))
         worker = [
@@ -160,7 +162,14 @@ def _one_and_two_ranks(tmp_path: Path, configs: dict[int, dict]) -> tuple[dict, 
             str(tmp_path / f"config{ranks}.json"),
             str(tmp_path / f"{ranks}.pt"),
         ]
-        _run((TORCHRUN if ranks == 2 else [sys.executable]) + worker)
+        command = (TORCHRUN if ranks == 2 else [sys.executable]) + worker
+        running[ranks] = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+    results = {}
+    for ranks, process in running.items():
+        output, _ = process.communicate(timeout=300)
+        assert process.returncode == 0, output[-6000:]
         results[ranks] = torch.load(tmp_path / f"{ranks}.pt", weights_only=False)
     assert (results[1]["world_size"], results[2]["world_size"]) == (1, 2)
     return results[1], results[2]
@@ -183,8 +192,11 @@ def _assert_same_run(one: dict, two: dict, optimiser_steps: int) -> None:
         assert r1.keys() == r2.keys()
         for key in r1:
             if not key.startswith("timers/"):
-                # rel 1e-4: the loss sums terms of both signs (whitened advantages), which magnifies relative rounding.
-                assert r2[key] == pytest.approx(r1[key], rel=1e-4, abs=1e-7), key
+                # The loss sums per-token terms of both signs (whitened advantages) larger than the result, and
+                # its micro-batches (so their padded widths and float rounding) change with the ranks' shares: seen
+                # 6e-6 apart at a loss of 0.05. Other metrics: relative rounding.
+                tolerance = 3e-5 if key.endswith("/loss") else 1e-7
+                assert r2[key] == pytest.approx(r1[key], rel=1e-4, abs=tolerance), key
     assert len(one["samples"]) == len(two["samples"])
 
     def ordered(samples):
