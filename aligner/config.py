@@ -280,6 +280,14 @@ class ReinforceConfig(Section):
     )
     baseline: Literal["rloo", "none"] = Field("rloo", description="Leave-one-out baseline, or none (plain REINFORCE).")
     normalize_advantages: bool = Field(False, description="Whiten advantages over the batch.")
+    dynamic_batching: bool = Field(
+        False,
+        description="Under torchrun, ranks take chunks of prompts from a shared queue instead of fixed shares, so a "
+        "rank with short responses takes more (NeMo-Aligner's batch_iterator.use_flask); the samples are the same.",
+    )
+    dynamic_batching_prompts: int = Field(
+        1, ge=1, description="Prompts per chunk taken from the queue (dynamic_batching); each chunk is one batch."
+    )
     exclude_truncated: bool = Field(
         False,
         description="Drop samples that did not end properly from the loss (loss_aggregation: nemo always does).",

@@ -11,6 +11,11 @@ Without torchrun (no WORLD_SIZE in the environment, or 1) there is no process gr
 identity, so single-process runs do exactly what they did before. The backend is gloo on the CPU and NCCL on CUDA,
 where rank r uses cuda:LOCAL_RANK.
 
+With `reinforce.dynamic_batching` (NeMo-Aligner's `batch_iterator.use_flask`) the shares are not fixed: ranks take
+chunks of prompts from a queue shared over the process group's store (`dynamic_indices`), so a rank whose
+responses are short takes more; each chunk's sampling seed goes by its global position, so the samples do not
+depend on which rank drew them.
+
 With model parallelism (the Megatron backend) the trainer declares each rank's data-parallel rank and size
 (`set_data_parallel`): shares go by data-parallel rank, and one rank per model-parallel group counts in metrics,
 whitening and gathered rows.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -138,6 +144,34 @@ def shard(items: list, num_shards: int | None = None, index: int | None = None) 
     size, extra = divmod(len(items), n)
     start = i * size + min(i, extra)
     return items[start : start + size + (1 if i < extra else 0)]
+
+
+# Each `dynamic_indices` call takes a fresh counter in the store; every rank makes the same calls in the same order.
+_queue_calls = 0
+
+
+def dynamic_indices(num_items: int) -> Iterator[int]:
+    """Indices `0..num_items-1` dealt to the data-parallel ranks on demand: rank r first takes r, then whichever
+    index no rank has taken yet (an atomic counter in the process group's store), until none is left.
+
+    Every index goes to exactly one rank, in increasing order on each; a rank that finishes its work sooner takes
+    more. Every rank must call it (the counters are matched by call), and `num_items >= dp_size()`, so no rank goes
+    empty. Without a process group (or with one rank) it yields every index.
+    """
+    global _queue_calls
+    n = dp_size()
+    if not dist.is_initialized() or n == 1:
+        yield from range(num_items)
+        return
+    key = f"aligner/dynamic_indices/{_queue_calls}"
+    _queue_calls += 1
+    # The default store is the one torchrun's rendezvous (or init_process_group's init_method) set up: rank 0 (or a
+    # file) serves it, so no other port or process is needed.
+    store = dist.distributed_c10d._get_default_store()
+    index = dp_rank()
+    while index < num_items:
+        yield index
+        index = n + store.add(key, 1) - 1
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

@@ -17,8 +17,16 @@ warmup; here they are counted steps, checkpointed like any other). A checkpoint 
 The critic server is either started here from `critic.model_path` (and stopped at the end), or external
 (`critic.server_url`, as the service's worker runs it); an external one must be restarted from the critic of the
 checkpoint the resume takes before a --resume (`critic_checkpoint(run_dir, step)`, step from
-`run_layout.resume_checkpoint`, which sets damaged newer checkpoints aside). PPO runs as one process: torchrun with
-more is refused.
+`run_layout.resume_checkpoint`, which sets damaged newer checkpoints aside).
+
+Under torchrun (data parallel, as REINFORCE: `distributed.py`) one critic server serves every rank: rank 0 starts
+it (or all use `critic.server_url`). Each rank sends critic_infer for its own share of the samples (the server
+batches concurrent requests); for critic_train the ranks gather their rows on rank 0, which sends the global batch
+as one request, so the critic takes the step one process would take. The actor's loss in each mini-batch is
+divided by the mini-batch's global token count and the gradients are summed over ranks; advantages are whitened
+over the global batch. With `ppo.num_mini_batches: 1` (the default) 2 ranks take the 1-process update to float
+rounding; with more, mini-batch j is the union of every rank's j-th slice of its share (NeMo-Aligner's data
+parallelism), not the j-th slice of the global batch. Only rank 0 saves the critic.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from aligner.data.prompts import PromptDataset
 from aligner.errors import ConfigError, CriticServerUnavailableError, ServerUnavailableError
 from aligner.generation.generator import GenerationOutput
 from aligner.modeling.batches import ResponseBatch
+from aligner.modeling.device import resolve_device
 from aligner.modeling.logprobs import grouped_response_logits, token_logprobs
 from aligner.run_layout import CRITIC_DIR, CRITIC_LOG, checkpoint_steps, critic_checkpoint
 from aligner.trainers.critic_client import RemoteCriticClient
@@ -103,19 +112,16 @@ class PPOTrainer(ReinforceTrainer):
         cfg = self.config
         if cfg.algorithm != "ppo":
             raise ConfigError(f"PPOTrainer runs algorithm: ppo configs; this one has algorithm: {cfg.algorithm}")
-        if distributed.env_world_size() > 1:
-            raise ConfigError(
-                "algorithm: ppo runs as one process (its critic server takes one update per step): "
-                "run `aligner train` without torchrun, or use algorithm: reinforce for data parallelism"
-            )
         if cfg.model.backend != "hf":
             raise ConfigError("algorithm: ppo trains with model.backend: hf only")
+        # The ranks agree on the checkpoint to resume and on who starts the critic server: the group comes first.
+        distributed.init(resolve_device(cfg.model.device))
         # The newest intact checkpoint (verified once: the base setup resumes from it), whose critic the server
         # restores.
         step = self._intact_checkpoint()[0] if resume and checkpoint_steps(self.run_dir) else None
         checkpoint = self._critic_of(step)
         launching = None
-        if not cfg.critic.server_url:
+        if not cfg.critic.server_url and distributed.is_main():
             # The server loads its models while this process loads its own: the two startups overlap. Launched from
             # the long-lived critic thread: the server is tied to the life of the thread that started it
             # (PR_SET_PDEATHSIG in launch_critic_server), and that thread lives until `close`.
@@ -130,6 +136,7 @@ class PPOTrainer(ReinforceTrainer):
                 if launching is not None:
                     self._stop_critic_server()
                     url = self._critic_pool.submit(self._launch_critic, checkpoint).result()
+            url = distributed.all_gather_objects(url)[0]  # rank 0's server serves every rank
             self.critic = RemoteCriticClient(
                 url,
                 timeout_s=cfg.critic.timeout_s,
@@ -147,7 +154,7 @@ class PPOTrainer(ReinforceTrainer):
                 launching.exception()  # a server still starting is stopped once it is up
             self.close()
             raise
-        if checkpoint is not None and cfg.critic.server_url:
+        if checkpoint is not None and cfg.critic.server_url and distributed.is_main():
             print(
                 f"WARNING: resuming with the external critic server {cfg.critic.server_url}: it must have been "
                 f"restarted from {checkpoint} (aligner serve-critic --checkpoint {checkpoint}), or the critic "
@@ -224,7 +231,7 @@ class PPOTrainer(ReinforceTrainer):
     # ----------------------------------------------------------------------------------------------- rollout
     def rollout(self, prompt_indices: list[int], data: PromptDataset) -> PPORollout:
         cfg, ppo = self.config, self.config.ppo
-        gen = self._generate(prompt_indices, data)
+        prompt_indices, gen = self._generate_share(prompt_indices, data)
         tokens, lengths, positions = critic_rows(gen)
         critic_future = self.critic.infer(tokens, lengths)  # runs on the server during the log-prob work below
         if cfg.critic.use_critic_rewards:  # the rewards come with the values
@@ -246,20 +253,25 @@ class PPOTrainer(ReinforceTrainer):
         )
         advantages, returns = gae(token_rewards, values, mask, ppo.discount_factor, ppo.gae_lambda)
         if ppo.normalize_advantages:
-            advantages = normalize_advantages(advantages, mask)
+            advantages = global_normalize_advantages(advantages, mask)
         kl = kl_penalty(logprobs, ref_logprobs, mask, absolute=ppo.use_absolute_kl)
+        # Means over tokens are weighted by tokens over ranks, means over samples by samples.
+        token_means = distributed.mean_over_ranks(
+            {
+                "train_rollouts/values": masked_mean(values, mask).item(),
+                "train_rollouts/returns": masked_mean(returns, mask).item(),
+            },
+            weight=mask.sum().item(),
+        )
         metrics = rollout_metrics(
             gen,
             rewards,
             # NeMo-Aligner's rewards_with_kl: each sample's per-token rewards averaged over its tokens.
             masked_mean(token_rewards, mask, dim=-1),
             kl,
-            {
-                "train_rollouts/rewards_with_kl_sum": token_rewards.sum(-1).mean().item(),
-                "train_rollouts/values": masked_mean(values, mask).item(),
-                "train_rollouts/returns": masked_mean(returns, mask).item(),
-            },
+            {"train_rollouts/rewards_with_kl_sum": token_rewards.sum(-1).mean().item(), **token_means},
         )
+        metrics = distributed.mean_over_ranks(metrics, weight=rewards.numel())
         sample_advantages = masked_mean(advantages, mask, dim=-1)
         return PPORollout(
             batch=batch,
@@ -277,42 +289,79 @@ class PPOTrainer(ReinforceTrainer):
         )
 
     # ----------------------------------------------------------------------------------------------- optimise
-    def _train_critic(self, rollout: PPORollout) -> float:
-        """critic_train on the rollout, targets moved from response columns to the critic's row columns."""
+    @staticmethod
+    def _critic_train_rows(rollout: PPORollout) -> list[torch.Tensor]:
+        """[tokens, lengths, returns, prev_values, mask] of critic_train for the rollout, targets moved from
+        response columns to the critic's row columns; under torchrun every rank's, concatenated on rank 0 in rank
+        order (rows right-padded to the widest, as one process would pad the global batch), [] on the others."""
 
         def to_rows(per_token: torch.Tensor) -> torch.Tensor:
             # Padding columns land on positions no valid token uses (past each row's last state), as zeros.
             out = torch.zeros(rollout.critic_tokens.shape)
             return out.scatter_(1, rollout.positions, (per_token * rollout.mask).float().cpu())
 
-        return self.critic.train(
+        mine = [
             rollout.critic_tokens,
             rollout.critic_lengths,
-            to_rows(rollout.returns),
-            to_rows(rollout.values),
-            to_rows(rollout.mask),
-        )
+            *map(to_rows, (rollout.returns, rollout.values, rollout.mask)),
+        ]
+        if distributed.world_size() == 1:
+            return mine
+        parts = distributed.all_gather_objects(mine)
+        if not distributed.is_main():
+            return []
+        width = max(p[0].shape[1] for p in parts)
+
+        def widen(x: torch.Tensor) -> torch.Tensor:
+            return x if x.ndim == 1 else torch.nn.functional.pad(x, (0, width - x.shape[1]))
+
+        return [torch.cat([widen(p[i]) for p in parts]) for i in range(len(mine))]
 
     def optimise(self, rollout: PPORollout) -> dict[str, float]:
-        cfg = self.config
+        # Gathered here, in the main thread: collectives from two threads at once could pair up wrongly over ranks.
+        rows = self._critic_train_rows(rollout)
         # The critic trains on its server while the actor trains here.
-        critic_step = self._critic_pool.submit(self._train_critic, rollout)
-        if self.step < cfg.ppo.critic_warmup_steps:
+        critic_step = self._critic_pool.submit(self.critic.train, *rows) if rows else None
+        if self.step < self.config.ppo.critic_warmup_steps:
             return self._critic_only(critic_step)
+        metrics = self._optimise_actor(rollout)
+        metrics["train_optim/critic_loss"] = self._critic_loss(critic_step)
+        return metrics
+
+    def _critic_loss(self, critic_step: Future | None) -> float:
+        """The critic step's loss, which rank 0 sent for every rank (the others get it from rank 0)."""
+        with self.timers.time("critic_train"):
+            critic_loss = critic_step.result() if critic_step else None
+        return distributed.all_gather_objects(critic_loss)[0]
+
+    def _critic_only(self, critic_step: Future | None) -> dict[str, float]:
+        """A step of ppo.critic_warmup_steps: the critic trains, the actor's weights, optimiser and learning-rate
+        schedule stay as they are (the actor's metrics are left out)."""
+        return {
+            "train_optim/lr": self.optimizer.param_groups[0]["lr"],
+            "train_optim/critic_loss": self._critic_loss(critic_step),
+            "train_optim/critic_warmup": 1.0,
+        }
+
+    def _optimise_actor(self, rollout: PPORollout) -> dict[str, float]:
+        cfg = self.config
         self.policy.train()
         lr = self.optimizer.param_groups[0]["lr"]
         total = rollout.batch.response_ids.shape[0]
         size = -(-total // min(cfg.ppo.num_mini_batches, total))
+        # Every rank takes the same number of optimiser steps (a rank whose share is used up adds nothing).
+        steps = int(distributed.max_over_ranks({"steps": -(-total // size)})["steps"])
         losses, grad_norms = [], []
         clip_fraction = entropy_sum = 0.0
         with self.timers.time("train"):
             # One optimiser step per mini-batch, in order: after the first, the policy differs from the one that
             # sampled the rollout and the ratio clip takes effect.
-            for start in range(0, total, size):
-                mini = slice(start, min(start + size, total))
+            for start in range(0, steps * size, size):
+                mini = slice(min(start, total), min(start + size, total))
                 batch = rollout.batch.subset(mini)
                 mask = rollout.loss_mask[mini]
-                normalizer = mask.sum().clamp(min=1)  # every token of the mini-batch's loss weighs the same
+                # Every token of the global mini-batch's loss weighs the same.
+                normalizer = distributed.all_reduce_sum(mask.sum()).clamp(min=1)
                 loss_sum = 0.0
                 for rows, sub in self._micro_batches(batch):
                     logits = grouped_response_logits(self.policy, sub)
@@ -337,6 +386,7 @@ class PPOTrainer(ReinforceTrainer):
                     # The clip fraction comes as clipped tokens / normalizer: back to a count, summed over the rollout.
                     clip_fraction += clipped.item() * normalizer.item()
                     entropy_sum += (entropy.detach() * sub_mask).sum().item()
+                distributed.all_reduce_gradients(self.policy.parameters())
                 # The learning rate is the step's: the scheduler moves once, after the last mini-batch.
                 grad_norms.append(
                     optimizer_step(self.optimizer, self.policy.parameters(), cfg.optim.max_grad_norm).item()
@@ -344,27 +394,19 @@ class PPOTrainer(ReinforceTrainer):
                 losses.append(loss_sum)
             self.scheduler.step()
             self.generator.update_weights(self.policy)
-        with self.timers.time("critic_train"):
-            critic_loss = critic_step.result()
-        tokens = rollout.loss_mask.sum().clamp(min=1).item()
+        # Sums over ranks: the losses (each divided by the global normaliser), clipped tokens, entropy, tokens.
+        sums = distributed.all_reduce_sum(
+            torch.tensor([*losses, clip_fraction, entropy_sum, rollout.loss_mask.sum().item()], dtype=torch.float64)
+        ).tolist()
+        losses, (clip_fraction, entropy_sum, tokens) = sums[: len(losses)], sums[len(losses) :]
+        tokens = max(tokens, 1.0)
         return {
             "train_optim/loss": sum(losses) / len(losses),
             "train_optim/grad_norm": sum(grad_norms) / len(grad_norms),
             "train_optim/lr": lr,
-            "train_optim/critic_loss": critic_loss,
+            "train_optim/critic_loss": None,  # `optimise` fills it in, keeping the metrics' order
             "train_optim/clip_fraction": clip_fraction / tokens,
             "train_optim/entropy": entropy_sum / tokens,
-        }
-
-    def _critic_only(self, critic_step: Future) -> dict[str, float]:
-        """A step of ppo.critic_warmup_steps: the critic trains, the actor's weights, optimiser and learning-rate
-        schedule stay as they are (the actor's metrics are left out)."""
-        with self.timers.time("critic_train"):
-            critic_loss = critic_step.result()
-        return {
-            "train_optim/lr": self.optimizer.param_groups[0]["lr"],
-            "train_optim/critic_loss": critic_loss,
-            "train_optim/critic_warmup": 1.0,
         }
 
     # ----------------------------------------------------------------------------------------------- checkpoints
@@ -382,6 +424,20 @@ class PPOTrainer(ReinforceTrainer):
                 f"path): checkpoints in {folder.parent} hold no critic, and an exact resume needs that server's save",
                 level="warning",
             )
+
+
+def global_normalize_advantages(advantages: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """`normalize_advantages` with the mean and variance over the valid tokens of every rank (float64 sums); one
+    process: `normalize_advantages` itself."""
+    if distributed.world_size() == 1:
+        return normalize_advantages(advantages, mask, eps)
+    w = (mask > 0).to(torch.float64)
+    a = advantages.to(torch.float64)
+    stats = distributed.all_reduce_sum(torch.stack([(a * w).sum(), w.sum()]))
+    count = stats[1].clamp(min=1)
+    mean = stats[0] / count
+    var = distributed.all_reduce_sum(((a - mean) ** 2 * w).sum()) / count
+    return ((a - mean) * torch.rsqrt(var + eps) * w).to(advantages.dtype)
 
 
 def _then(future: Future, fn) -> Future:

@@ -64,7 +64,7 @@ from aligner.config import TrainConfig, save_config
 from aligner.data.prompts import PromptDataset, PromptSampler, build_prompt_dataset, read_prompt_file
 from aligner.durable import fsync_file
 from aligner.errors import ConfigError, RunDirError, ServerUnavailableError
-from aligner.generation.generator import GenerationOutput, TorchGenerator, resolve_compile
+from aligner.generation.generator import GenerationOutput, TorchGenerator, _concat, resolve_compile
 from aligner.modeling.batches import ResponseBatch
 from aligner.modeling.device import keep_freed_memory, resolve_device
 from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer, quiet_transformers, save_policy
@@ -174,6 +174,7 @@ class ReinforceTrainer:
                 f"reinforce.num_prompts_per_step ({cfg.reinforce.num_prompts_per_step}) is global over processes and "
                 f"must be at least their number ({distributed.dp_size()}): every rank needs a prompt"
             )
+        self._check_dynamic_batching()
         if cfg.model.num_threads:
             torch.set_num_threads(cfg.model.num_threads)
         if cfg.model.keep_freed_memory and self.device.type == "cpu":
@@ -256,6 +257,29 @@ class ReinforceTrainer:
         )
         for step, reason in self.skipped_checkpoints:
             self.log.log_event(step, damaged_message(step, reason, resume_step), level="warning")
+
+    def _check_dynamic_batching(self) -> None:
+        cfg = self.config.reinforce
+        if not cfg.dynamic_batching:
+            return
+        if self.uses_megatron:
+            # The ranks of one model-parallel group must see the same prompts; the queue deals to single ranks.
+            raise ConfigError("reinforce.dynamic_batching works with model.backend: hf only")
+        chunks = -(-cfg.num_prompts_per_step // cfg.dynamic_batching_prompts)
+        if chunks < distributed.dp_size():
+            raise ConfigError(
+                f"reinforce.dynamic_batching: num_prompts_per_step ({cfg.num_prompts_per_step}) makes {chunks} "
+                f"chunks of dynamic_batching_prompts ({cfg.dynamic_batching_prompts}); every one of the "
+                f"{distributed.dp_size()} processes needs one"
+            )
+        algorithm = self.config.algorithm
+        mini_batches = self.config.ppo.num_mini_batches if algorithm == "ppo" else cfg.num_mini_batches
+        if mini_batches > 1 and distributed.dp_size() > 1:
+            # Mini-batches are cut from each rank's share; with dealt chunks those are not one process's halves.
+            raise ConfigError(
+                f"reinforce.dynamic_batching with {algorithm}.num_mini_batches > 1 under torchrun would not take the "
+                "optimiser steps one process takes: use one mini-batch, or static shares"
+            )
 
     @property
     def final_policy_dir(self) -> Path:
@@ -471,9 +495,12 @@ class ReinforceTrainer:
         return self._stop_requested
 
     # ----------------------------------------------------------------------------------------------- rollout
-    def _sampling_seed(self, step: int) -> int:
-        # Derived from the step (and rank), so a resumed run samples exactly what an uninterrupted one would.
-        return self.config.seed * 1_000_003 + step + distributed.dp_rank() * RANK_SEED_STRIDE
+    def _sampling_seed(self, step: int, slot: int | None = None) -> int:
+        """Derived from the step, so a resumed run samples exactly what an uninterrupted one would, and from the
+        slot: the rank's (fixed shares) or the chunk's global position (`reinforce.dynamic_batching`), so that
+        chunk c draws what rank c of a static split into the same chunks would."""
+        slot = distributed.dp_rank() if slot is None else slot
+        return self.config.seed * 1_000_003 + step + slot * RANK_SEED_STRIDE
 
     def _score(self, gen: GenerationOutput, data: PromptDataset, prompt_indices: list[int]):
         """Start the reward request; prompts and metadata repeat for each sample of their prompt."""
@@ -494,6 +521,34 @@ class ReinforceTrainer:
                 self.config.reinforce.num_rollouts_per_prompt,
                 self._sampling_seed(self.step),
             )
+
+    def _generate_share(self, prompt_indices: list[int], data: PromptDataset) -> tuple[list[int], GenerationOutput]:
+        """(this rank's prompts of the step's global `prompt_indices`, their samples): a contiguous share, or with
+        `reinforce.dynamic_batching` the chunks of `dynamic_batching_prompts` prompts this rank took from the queue.
+
+        A chunk is sampled as one batch with its own seed (`_sampling_seed` of its position), whichever rank takes
+        it: the step's samples are the same for any number of ranks and any dealing, and equal those of a static
+        split into the same chunks.
+        """
+        cfg = self.config.reinforce
+        if not cfg.dynamic_batching:
+            share = distributed.shard(prompt_indices)
+            return share, self._generate(share, data)
+        size = cfg.dynamic_batching_prompts
+        chunks = [prompt_indices[i : i + size] for i in range(0, len(prompt_indices), size)]
+        taken, parts = [], []
+        with self.timers.time("generate"):
+            for c in distributed.dynamic_indices(len(chunks)):
+                seed = self._sampling_seed(self.step, c)
+                parts.append(
+                    self.generator.generate([data.token_ids[i] for i in chunks[c]], cfg.num_rollouts_per_prompt, seed)
+                )
+                taken += chunks[c]
+        gen = parts[0] if len(parts) == 1 else _concat(parts, self.generator.pad_id)
+        gen.group_ids = torch.arange(len(taken), device=gen.response_ids.device).repeat_interleave(
+            cfg.num_rollouts_per_prompt
+        )
+        return taken, gen
 
     def _micro_batches(self, batch: ResponseBatch, micro_batch_size: int | None = None):
         """(rows, sub-batch) pairs of at most `micro_batch_size` (default `optim.micro_batch_size`) responses."""
@@ -523,13 +578,13 @@ class ReinforceTrainer:
         return logprobs, ref_logprobs
 
     def rollout(self, prompt_indices: list[int], data: PromptDataset) -> Rollout:
-        """Samples for this rank's contiguous share of the step's global `prompt_indices`; metrics over all ranks.
+        """Samples for this rank's share of the step's global `prompt_indices` (`_generate_share`); metrics over
+        all ranks.
 
         All samples of a prompt stay on one rank, so the RLOO baseline is exact locally.
         """
         cfg = self.config.reinforce
-        prompt_indices = distributed.shard(prompt_indices)
-        gen = self._generate(prompt_indices, data)
+        prompt_indices, gen = self._generate_share(prompt_indices, data)
         with self.timers.time("reward"):
             prompts, future = self._score(gen, data, prompt_indices)
         batch = gen.response_batch()

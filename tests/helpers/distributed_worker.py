@@ -21,6 +21,7 @@ import torch
 from aligner import distributed
 from aligner.config import config_from_dict
 from aligner.generation.generator import _concat
+from aligner.trainers.ppo import PPOTrainer
 from aligner.trainers.reinforce import RANK_SEED_STRIDE, ReinforceTrainer
 from aligner.trainers.run_log import read_jsonl
 
@@ -35,11 +36,15 @@ class PerPromptGenerator:
     def __init__(self, inner):
         self.inner = inner
 
+    @property
+    def pad_id(self) -> int:
+        return self.inner.pad_id
+
     def update_weights(self, model) -> None:
         self.inner.update_weights(model)
 
     def generate(self, prompt_ids: list[list[int]], num_samples: int, seed: int):
-        base = seed - distributed.rank() * RANK_SEED_STRIDE
+        base = seed % RANK_SEED_STRIDE  # the step's seed, whichever rank (or dynamic_batching chunk) samples
         parts = [
             self.inner.generate([ids], num_samples, base + zlib.crc32(json.dumps(ids).encode())) for ids in prompt_ids
         ]
@@ -49,7 +54,8 @@ class PerPromptGenerator:
 
 
 def main(config_path: str, out_path: str) -> None:
-    trainer = ReinforceTrainer(config_from_dict(json.loads(Path(config_path).read_text())))
+    config = config_from_dict(json.loads(Path(config_path).read_text()))
+    trainer = (PPOTrainer if config.algorithm == "ppo" else ReinforceTrainer)(config)
     trainer.setup()
     trainer.generator = PerPromptGenerator(trainer.generator)
     grads = []
