@@ -36,8 +36,9 @@ def test_a_reward_server_away_past_the_limit_stops_the_run_with_a_checkpoint_and
         reward={"function": None, "server_url": server.url, "unavailable_timeout_s": 0.6},
         trainer={"max_steps": 4, "val_check_interval": 10, "save_interval": 10},
     )
-    # Requests: the config, validation at step 0, steps 1, 2 (fails once: 0.5 s of waiting), then away for good.
-    server.fail("503", times=1, after=3)
+    # Requests: the model's config and metadata, validation at step 0, steps 1, 2 (fails once: 0.5 s of waiting), then
+    # away for good.
+    server.fail("503", times=1, after=4)
     server.fail("503", times=None, after=1)
     with pytest.raises(RewardServerUnavailableError) as info:
         train(config)
@@ -93,7 +94,8 @@ def test_a_ppo_critic_server_away_past_the_limit_stops_the_run_without_a_checkpo
         critic={"server_url": server.url, "unavailable_timeout_s": 0.3},
         trainer={"max_steps": 3, "val_check_interval": 10, "save_interval": 10},
     )
-    server.fail("503", times=None, after=4)  # the two configs, step 1's critic_infer and critic_train; then away
+    # critic_infer's and critic_train's configs and metadata, step 1's critic_infer and critic_train; then away
+    server.fail("503", times=None, after=6)
     trainer = PPOTrainer(config)
     trainer.setup()
     with pytest.raises(CriticServerUnavailableError) as info:
