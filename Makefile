@@ -27,9 +27,11 @@ setup: $(BIN)/aligner
 demo: setup
 	$(BIN)/aligner up --data-dir $(DATA_DIR) --demo --exit-after-demo
 
+# One torch thread per test process: two xdist workers already fill the two cores, and two threads each would
+# contend for them (a contended torch thread pool is many times slower). A test that wants more threads says so.
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
 
 lint: setup
 	$(BIN)/ruff check .

@@ -274,7 +274,7 @@ def test_training_against_the_live_server_raises_the_reward(demo_assets_dir, tmp
                 f"reward.server_url={server.url}",
                 "trainer.max_steps=40",
                 "trainer.progress_bar=false",
-                "model.num_threads=2",
+                "model.num_threads=1",
             ],
         )
         trainer = ReinforceTrainer(config)

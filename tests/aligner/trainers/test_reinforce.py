@@ -238,7 +238,7 @@ def test_demo_run_raises_the_reward(demo_assets_dir, tmp_path):
 
     config = load_config(
         demo_assets_dir / "reinforce.yaml",
-        [f"run_dir={tmp_path / 'run'}", "trainer.max_steps=40", "trainer.progress_bar=false", "model.num_threads=2"],
+        [f"run_dir={tmp_path / 'run'}", "trainer.max_steps=40", "trainer.progress_bar=false", "model.num_threads=1"],
     )
     trainer = train(config)
     rows = [r for r in read_jsonl(trainer.run_dir / "metrics.jsonl") if r["step"] > 0]

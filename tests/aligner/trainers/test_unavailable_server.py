@@ -119,9 +119,9 @@ def test_a_stop_request_ends_the_wait_and_stops_at_the_last_completed_step(serve
     )
     trainer = ReinforceTrainer(config)
     trainer.setup()
-    server.fail("503", times=None, after=2)  # validation at step 0, step 1 (after the config); then away
+    server.fail("503", times=None, after=2)  # validation at step 0, step 1 (after the config and metadata); then away
     # SIGTERM (a cancel) while step 2 waits: it is dropped, and the run stops as at a step boundary.
-    server.on_request = lambda n: n == 4 and threading.Timer(0.1, trainer.request_stop).start()
+    server.on_request = lambda n: n == 5 and threading.Timer(0.1, trainer.request_stop).start()
     started = time.monotonic()
     trainer.fit()
     assert time.monotonic() - started < 5 and trainer.step == 1
