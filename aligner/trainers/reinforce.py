@@ -45,6 +45,7 @@ from __future__ import annotations
 import random
 import shutil
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,7 @@ from aligner.trainers.checkpoint import (
     write_json_atomic,
 )
 from aligner.trainers.loop import RunClock, adamw, is_save_step, is_validation_step, optimizer_step, run_length
-from aligner.trainers.rollout import rollout_metrics, sample_prompt_indices, sample_rows
+from aligner.trainers.rollout import rollout_metrics, sample_prompt_indices, sample_rows, throughput_metrics
 from aligner.trainers.run_log import RunLog, Timers
 from aligner.trainers.schedule import lr_scheduler
 from aligner.trainers.signals import stop_on_signals
@@ -366,7 +367,7 @@ class ReinforceTrainer:
             # Signals reach the ranks at different moments: they agree on stopping, or one would wait for the others.
             stop = distributed.any_rank(self._stop_requested)
             while self.step < total and not stop:
-                position, updating = self.sampler.state_dict(), False
+                position, updating, started = self.sampler.state_dict(), False, time.perf_counter()
                 try:
                     prompt_indices = self.sampler.next_batch(self.config.reinforce.num_prompts_per_step)
                     rollout = self.rollout(prompt_indices, self.train_data)
@@ -391,6 +392,7 @@ class ReinforceTrainer:
                         self._give_up(err)
                         break
                 metrics.update(distributed.max_over_ranks(self.timers.pop()))  # a step waits for its slowest rank
+                metrics.update(throughput_metrics(rollout.batch, time.perf_counter() - started))
                 self.log.log_metrics(self.step, metrics)
                 n = cfg.train_samples_to_log
                 self.log.log_samples(distributed.gather_rows(rollout.samples[:n])[:n])

@@ -10,6 +10,7 @@ import torch
 from aligner import distributed
 from aligner.algorithms.diagnostics import reward_length_correlation, zero_spread_fraction
 from aligner.generation.generator import GenerationOutput
+from aligner.modeling.batches import ResponseBatch
 
 
 def sample_prompt_indices(gen: GenerationOutput, prompt_indices: list[int]) -> list[int]:
@@ -86,3 +87,18 @@ def sample_rows(
         if extra_rewards:
             rows[-1]["extra_rewards"] = {name: float(values[i]) for name, values in extra_rewards.items()}
     return rows
+
+
+def throughput_metrics(batch: ResponseBatch, seconds: float) -> dict[str, float]:
+    """The step's wall time `seconds` (its slowest rank's) as `timers/step`, and NeMo-RL's throughput: tokens trained
+    (each sample's prompt and response tokens, every rank's) per second per process, and samples per second."""
+    prompt_tokens = batch.prompt_mask.sum(-1)[batch.group].sum()
+    # On the batch's device: NCCL reduces CUDA tensors only.
+    counts = torch.stack([prompt_tokens + batch.response_mask.sum(), batch.group.new_tensor(batch.group.numel())])
+    tokens, samples = distributed.all_reduce_sum(counts.to(torch.float64)).tolist()
+    seconds = max(distributed.max_over_ranks({"step": seconds})["step"], 1e-9)
+    return {
+        "timers/step": seconds,
+        "throughput/tokens_per_s": tokens / seconds / distributed.world_size(),
+        "throughput/samples_per_s": samples / seconds,
+    }

@@ -35,6 +35,9 @@ CHARTS: list[tuple[str, list[str], str, bool]] = [
     ("Value estimates", ["train_rollouts/values"], "value", False),
     ("Clip fraction", ["train_optim/clip_fraction"], "fraction", False),
     ("Entropy", ["train_optim/entropy"], "nats per token", False),
+    # NeMo-RL's throughput: prompt and response tokens trained per second per process; samples per second.
+    ("Throughput: tokens", ["throughput/tokens_per_s"], "tokens/s per process", False),
+    ("Throughput: samples", ["throughput/samples_per_s"], "samples/s", False),
 ]
 TIMERS_CHART = ("Time per step", "seconds")
 ACTIVE = ("queued", "running", "cancelling")

@@ -68,7 +68,7 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
 
 
 def _without_timers(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith("timers/")} for r in rows]
+    return [{k: v for k, v in r.items() if not k.startswith(("timers/", "throughput/"))} for r in rows]
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:

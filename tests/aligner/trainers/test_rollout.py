@@ -24,3 +24,19 @@ def test_diagnostics_use_the_raw_rewards_lengths_in_tokens_and_the_prompt_groups
     assert flipped["train_rollouts/reward_length_corr"] == pytest.approx(-1.0)
     constant = rollout_diagnostics(gen, torch.zeros(6))
     assert constant == {"train_rollouts/reward_length_corr": 0.0, "train_rollouts/frac_zero_std_groups": 1.0}
+
+
+def test_throughput_counts_each_samples_prompt_and_response_tokens_per_second():
+    from aligner.modeling.batches import ResponseBatch
+    from aligner.trainers.rollout import throughput_metrics
+
+    # 2 prompts of 3 and 1 tokens, 3 responses of 2, 4 and 1 tokens: 3+2 + 3+4 + 1+1 = 14 tokens, 3 samples, in 2 s
+    batch = ResponseBatch(
+        prompt_ids=torch.zeros(2, 3, dtype=torch.long),
+        prompt_mask=torch.tensor([[True, True, True], [False, False, True]]),
+        group=torch.tensor([0, 0, 1]),
+        response_ids=torch.zeros(3, 4, dtype=torch.long),
+        response_mask=torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool),
+    )
+    metrics = throughput_metrics(batch, 2.0)
+    assert metrics == {"timers/step": 2.0, "throughput/tokens_per_s": 7.0, "throughput/samples_per_s": 1.5}
