@@ -391,8 +391,9 @@ class ReinforceTrainer:
                         self.log.log_metrics(self.step, metrics)
                         self._give_up(err)
                         break
-                metrics.update(distributed.max_over_ranks(self.timers.pop()))  # a step waits for its slowest rank
-                metrics.update(throughput_metrics(rollout.batch, time.perf_counter() - started))
+                timers = {**self.timers.pop(), "timers/step": time.perf_counter() - started}
+                metrics.update(distributed.max_over_ranks(timers))  # a step waits for its slowest rank
+                metrics.update(throughput_metrics(rollout.batch, metrics["timers/step"]))
                 self.log.log_metrics(self.step, metrics)
                 n = cfg.train_samples_to_log
                 self.log.log_samples(distributed.gather_rows(rollout.samples[:n])[:n])

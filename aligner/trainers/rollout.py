@@ -90,15 +90,14 @@ def sample_rows(
 
 
 def throughput_metrics(batch: ResponseBatch, seconds: float) -> dict[str, float]:
-    """The step's wall time `seconds` (its slowest rank's) as `timers/step`, and NeMo-RL's throughput: tokens trained
-    (each sample's prompt and response tokens, every rank's) per second per process, and samples per second."""
+    """NeMo-RL's throughput of a step that took `seconds` (its slowest rank's `timers/step`): tokens trained (each
+    sample's prompt and response tokens, every rank's) per second per process, and samples per second."""
     prompt_tokens = batch.prompt_mask.sum(-1)[batch.group].sum()
     # On the batch's device: NCCL reduces CUDA tensors only.
     counts = torch.stack([prompt_tokens + batch.response_mask.sum(), batch.group.new_tensor(batch.group.numel())])
     tokens, samples = distributed.all_reduce_sum(counts.to(torch.float64)).tolist()
-    seconds = max(distributed.max_over_ranks({"step": seconds})["step"], 1e-9)
+    seconds = max(seconds, 1e-9)
     return {
-        "timers/step": seconds,
         "throughput/tokens_per_s": tokens / seconds / distributed.world_size(),
         "throughput/samples_per_s": samples / seconds,
     }
