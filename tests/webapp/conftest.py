@@ -123,3 +123,12 @@ def config() -> dict:
 @pytest.fixture
 def queue(app) -> InMemoryQueue:
     return app.extensions["aligner_queue"]
+
+
+@pytest.fixture
+def browser_stack(tmp_path):
+    """`aligner up` on embedded defaults for a dashboard browser test (tests/helpers/browser.py): its stack.json."""
+    from tests.helpers.browser import up_stack
+
+    with up_stack(tmp_path / "data") as info:
+        yield info

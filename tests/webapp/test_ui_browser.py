@@ -16,21 +16,15 @@ import time
 
 import pytest
 
-from tests.helpers.browser import ARTIFACTS, ROOT, choose, chromium, fill, text, up_stack, upload_prompts, wait_text
-
-
-@pytest.fixture
-def stack(tmp_path):
-    with up_stack(tmp_path / "data") as info:
-        yield info
+from tests.helpers.browser import ARTIFACTS, ROOT, choose, chromium, fill, text, upload_prompts, wait_text
 
 
 @pytest.mark.slow
-def test_dashboard_signs_in_submits_follows_and_cancels(stack, tmp_path, tiny_policy_dir):
+def test_dashboard_signs_in_submits_follows_and_cancels(browser_stack, tmp_path, tiny_policy_dir):
     ARTIFACTS.mkdir(exist_ok=True)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("the cat", "a dog", "the sea")))
-    upload_prompts(stack, prompts)
+    upload_prompts(browser_stack, prompts)
     form = {
         "f-name": "ui tiny",
         "f-num_prompts_per_step": 2,
@@ -43,11 +37,11 @@ def test_dashboard_signs_in_submits_follows_and_cancels(stack, tmp_path, tiny_po
     }
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(stack["ui_url"])
+        page.goto(browser_stack["ui_url"])
         fill(page, "token", "not-a-token")
         page.click("#sign-in")
         wait_text(page, "signed-in", "Sign-in failed", 30)
-        fill(page, "token", stack["token"])
+        fill(page, "token", browser_stack["token"])
         page.click("#sign-in")
         wait_text(page, "signed-in", "Signed in as admin (admin)", 30)
 
@@ -58,7 +52,7 @@ def test_dashboard_signs_in_submits_follows_and_cancels(stack, tmp_path, tiny_po
             fill(page, elem_id, value)
         page.click("#cat-m-add")
         wait_text(page, "cat-msg", "Registered model ui-tiny", 30)
-        for elem_id, value in {"cat-s-name": "ui-reward", "cat-s-url": stack["reward_url"]}.items():
+        for elem_id, value in {"cat-s-name": "ui-reward", "cat-s-url": browser_stack["reward_url"]}.items():
             fill(page, elem_id, value)
         page.click("#cat-s-add")
         wait_text(page, "cat-msg", "Registered reward server ui-reward", 30)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.helpers.browser import ARTIFACTS, choose, chromium, fill, text, up_stack, wait_text
+from tests.helpers.browser import ARTIFACTS, choose, chromium, fill, text, wait_text
 from webapp.ui.api import Api
 
 
@@ -21,16 +21,12 @@ def picked(page, elem_id: str) -> str:
     return page.locator(f"#{elem_id} input").first.input_value()
 
 
-@pytest.fixture
-def stack(tmp_path):
-    with up_stack(tmp_path / "data") as info:
-        yield info
-
-
 @pytest.mark.slow
-def test_the_form_uploads_tries_the_reward_and_the_samples_diff_a_followed_prompt(stack, tmp_path, tiny_policy_dir):
+def test_the_form_uploads_tries_the_reward_and_the_samples_diff_a_followed_prompt(
+    browser_stack, tmp_path, tiny_policy_dir
+):
     ARTIFACTS.mkdir(exist_ok=True)
-    Api(stack["api_url"], stack["token"]).post(
+    Api(browser_stack["api_url"], browser_stack["token"]).post(
         "/catalogue/models", {"name": "form-tiny", "path": str(tiny_policy_dir), "kind": "policy"}
     )
     prompts = tmp_path / "few.jsonl"
@@ -39,8 +35,8 @@ def test_the_form_uploads_tries_the_reward_and_the_samples_diff_a_followed_promp
     bad.write_text('{"text": "no prompt key"}\n')
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(stack["ui_url"])
-        fill(page, "token", stack["token"])
+        page.goto(browser_stack["ui_url"])
+        fill(page, "token", browser_stack["token"])
         page.click("#sign-in")
         wait_text(page, "signed-in", "Signed in as", 30)
         page.get_by_role("tab", name="New job").click()
@@ -72,7 +68,7 @@ def test_the_form_uploads_tries_the_reward_and_the_samples_diff_a_followed_promp
         assert "spread" in text(page, "try-groups")
         page.screenshot(path=ARTIFACTS / "ui-form-try.png", full_page=True)
 
-        api = Api(stack["api_url"], stack["token"])
+        api = Api(browser_stack["api_url"], browser_stack["token"])
         deadline = time.monotonic() + 120
         while (job := api.get(f"/jobs/{job_id}"))["status"] != "succeeded":
             assert job["status"] not in ("failed", "cancelled") and time.monotonic() < deadline, job

@@ -300,18 +300,25 @@ for n in range(max(saved) + 1 if "--resume" in args else 1, last + 1):
 """
 
 
-def test_a_pause_on_alarm_pauses_the_job_at_a_checkpoint_and_resume_does_not_pause_it_again(tmp_path, job_config):
-    """An alarm in health.pause_on stops the trainer at the step boundary with a checkpoint, as a cancel does, and
-    the job ends paused; resumed, it runs to the end: the alarm still fires, and one episode pauses the job once."""
-    from webapp.db import QUEUED, Base, make_engine, make_session_factory, transition
+def fake_trainer_worker(tmp_path):
+    """(engine, session factory, worker settings) of a SQLite database in `tmp_path` and a worker whose "python"
+    runs FAKE_TRAINER."""
+    from webapp.db import Base, make_engine, make_session_factory
 
     engine = make_engine(f"sqlite:///{tmp_path / 'aligner.db'}")
     Base.metadata.create_all(engine)
-    factory = make_session_factory(engine)
     fake = tmp_path / "fake-python"
     fake.write_text(FAKE_TRAINER.format(python=sys.executable))
     fake.chmod(0o755)
-    s = worker_settings(tmp_path, python=str(fake), poll_interval=0.1)
+    return engine, make_session_factory(engine), worker_settings(tmp_path, python=str(fake), poll_interval=0.1)
+
+
+def test_a_pause_on_alarm_pauses_the_job_at_a_checkpoint_and_resume_does_not_pause_it_again(tmp_path, job_config):
+    """An alarm in health.pause_on stops the trainer at the step boundary with a checkpoint, as a cancel does, and
+    the job ends paused; resumed, it runs to the end: the alarm still fires, and one episode pauses the job once."""
+    from webapp.db import QUEUED, transition
+
+    engine, factory, s = fake_trainer_worker(tmp_path)
     health = {"pause_on": ["kl_growth"], "window": 2, "min_points": 2}  # a KL of 2 passes kl_max (1) at step 2
     job_id = create_job(factory, job_config(max_steps=30, health=health), tmp_path / "run")
 
@@ -342,15 +349,7 @@ def test_a_pause_on_alarm_pauses_the_job_at_a_checkpoint_and_resume_does_not_pau
 def test_a_run_that_ends_at_max_epochs_succeeds_and_one_stopped_at_max_time_is_paused(tmp_path, job_config):
     """trainer.max_epochs ends a run before max_steps with its final policy: a success; trainer.max_time stops it
     cleanly at a checkpoint (exit status 0, no final policy): paused, to be resumed, not failed."""
-    from webapp.db import Base, make_engine, make_session_factory
-
-    engine = make_engine(f"sqlite:///{tmp_path / 'aligner.db'}")
-    Base.metadata.create_all(engine)
-    factory = make_session_factory(engine)
-    fake = tmp_path / "fake-python"
-    fake.write_text(FAKE_TRAINER.format(python=sys.executable))
-    fake.chmod(0o755)
-    s = worker_settings(tmp_path, python=str(fake), poll_interval=0.1)
+    engine, factory, s = fake_trainer_worker(tmp_path)
 
     epochs = create_job(factory, job_config(max_steps=30, trainer={"max_epochs": 3}), tmp_path / "epochs")
     assert run_job(epochs, s, factory)["outcome"] == "succeeded"
