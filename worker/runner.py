@@ -540,22 +540,20 @@ class JobRun:
             out_of_time = time_limit_stop(launch.run_dir) if returncode == 0 and not completed else None
             newest = max(checkpoint_steps(launch.run_dir), default=None)
             where = starting_point(newest)
+            # How a stop the worker asked for (a cancel, a pause) ended, for its event.
+            stopped = f"stopped at {where}" if newest is not None else "stopped before a checkpoint"
+            if killed:
+                stopped += f"; killed {settings.cancel_grace:.0f} s after SIGTERM"
             signalled = returncode < 0 and -returncode in signal.valid_signals()
             if completed:
                 transition(session, job, SUCCEEDED, error=None, devices=None)
             elif cancelled:
-                note = f"stopped at {where}" if newest is not None else "stopped before a checkpoint"
-                if killed:
-                    note += f"; killed {settings.cancel_grace:.0f} s after SIGTERM"
                 transition(session, job, CANCELLED, error=None, devices=None)
-                add_event(session, job.id, "log", {"message": f"cancelled: {note}"})
+                add_event(session, job.id, "log", {"message": f"cancelled: {stopped}"})
             elif self.pausing is not None:
                 alarm = self.pausing.name
-                note = f"stopped at {where}" if newest is not None else "stopped before a checkpoint"
-                if killed:
-                    note += f"; killed {settings.cancel_grace:.0f} s after SIGTERM"
                 transition(session, job, PAUSED, error=None, devices=None)
-                message = f"paused by alarm {alarm} (health.pause_on): {note}; resume the job to continue"
+                message = f"paused by alarm {alarm} (health.pause_on): {stopped}; resume the job to continue"
                 add_event(session, job.id, "log", {"message": message, "alarm": alarm})
             elif self.handing_back:
                 return self._hand_back(launch, f"worker {self.owner} stopped", session=session)
