@@ -60,7 +60,17 @@ class ModelConfig(Section):
 
     policy_path: str = Field(description="Local Hugging Face folder (config + safetensors) of the SFT policy.")
     tokenizer_path: str | None = Field(None, description="Tokenizer folder; defaults to policy_path.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Training dtype of the policy.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="Dtype of the policy's weights and optimiser state. Keep float32 and use `precision: bf16-mixed` "
+        "for speed: pure bfloat16 weights lose small AdamW updates.",
+    )
+    precision: Literal["fp32", "bf16-mixed"] = Field(
+        "fp32",
+        description="'bf16-mixed': float32 master weights and optimiser state, bfloat16 compute for the policy's "
+        "forward and backward (autocast), the reference policy and generation (bfloat16 copies); on CUDA with bf16 "
+        "and on CPUs with AVX-512 BF16 or AMX. 'fp32': float32 throughout.",
+    )
     device: str = Field("auto", description="'auto' (CUDA when available, else CPU), 'cpu', 'cuda', 'cuda:1', ...")
     attn_implementation: Literal["eager", "sdpa"] = Field(
         "eager", description="Attention kernel; 'eager' is faster than 'sdpa' for small models on the CPU."
@@ -90,6 +100,12 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _backend(self) -> ModelConfig:
+        if self.precision == "bf16-mixed" and self.dtype != "float32":
+            raise ValueError(
+                f"precision: bf16-mixed keeps float32 master weights: set dtype: float32 (not {self.dtype})"
+            )
+        if self.precision == "bf16-mixed" and self.backend == "megatron":
+            raise ValueError("precision: bf16-mixed works with backend: hf (Megatron runs in model.dtype)")
         parallel = self.tensor_model_parallel_size > 1 or self.pipeline_model_parallel_size > 1
         if self.backend == "hf":
             if parallel:

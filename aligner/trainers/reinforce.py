@@ -67,7 +67,7 @@ from aligner.durable import fsync_file
 from aligner.errors import ConfigError, RunDirError, ServerUnavailableError
 from aligner.generation.generator import GenerationOutput, TorchGenerator, _concat, resolve_compile
 from aligner.modeling.batches import ResponseBatch
-from aligner.modeling.device import keep_freed_memory, resolve_device
+from aligner.modeling.device import autocast, bf16_is_fast, compute_dtype, keep_freed_memory, resolve_device
 from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer, quiet_transformers, save_policy
 from aligner.modeling.logprobs import grouped_response_logprobs
 from aligner.modeling.lora import (
@@ -180,6 +180,12 @@ class ReinforceTrainer:
             torch.set_num_threads(cfg.model.num_threads)
         if cfg.model.keep_freed_memory and self.device.type == "cpu":
             keep_freed_memory()
+        if cfg.model.precision == "bf16-mixed" and not bf16_is_fast(self.device) and distributed.is_main():
+            print(
+                f"model.precision bf16-mixed: {self.device} has no bfloat16 hardware support; it runs emulated, "
+                "slower than fp32",
+                file=sys.stderr,
+            )
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         quiet_transformers()
@@ -221,12 +227,16 @@ class ReinforceTrainer:
             self.reference = LoraReference(self.policy)
         else:
             # Built from the initial weights before any checkpoint is loaded: the KL is always to the SFT policy.
-            self.reference = ReferencePolicy(self.policy)
+            self.reference = ReferencePolicy(self.policy, compute_dtype(cfg.model.precision))
         if cfg.model.gradient_checkpointing and not self.uses_megatron:
             self.policy.gradient_checkpointing_enable()
         cfg.generation.compile = resolve_compile(cfg.generation.compile, self.device, self.total_steps)
         self.generator = TorchGenerator(
-            self.policy, self.tokenizer, cfg.generation, eos_token_ids(self.policy, self.tokenizer)
+            self.policy,
+            self.tokenizer,
+            cfg.generation,
+            eos_token_ids(self.policy, self.tokenizer),
+            weights_dtype=compute_dtype(cfg.model.precision),
         )
         trained = self.policy
         if self.uses_megatron:
@@ -244,6 +254,7 @@ class ReinforceTrainer:
             self._resume()
         # Ranks load the same files, but randomly initialised weights (adapters) must match too.
         distributed.broadcast_parameters(self.policy.parameters())
+        self.generator.update_weights(self.policy)  # an engine's own copy of the weights takes the resumed ones
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if distributed.is_main():
@@ -293,6 +304,10 @@ class ReinforceTrainer:
     @property
     def uses_megatron(self) -> bool:
         return self.config.model.backend == "megatron"
+
+    def autocast(self):
+        """The policy's and reference's forwards in `model.precision`'s compute dtype (nothing for fp32)."""
+        return autocast(self.config.model.precision, self.device)
 
     # ----------------------------------------------------------------------------------------------- Megatron
     def _init_megatron_parallel(self) -> None:
@@ -575,8 +590,9 @@ class ReinforceTrainer:
                 logprobs = gen.logprobs
             else:
                 self.policy.eval()
-                logprobs = self._logprobs(lambda sub: grouped_response_logprobs(self.policy, sub), batch)
-        with self.timers.time("init_logprobs"):
+                with self.autocast():
+                    logprobs = self._logprobs(lambda sub: grouped_response_logprobs(self.policy, sub), batch)
+        with self.timers.time("init_logprobs"), self.autocast():
             ref_logprobs = self._logprobs(self.reference.logprobs, batch)
         return logprobs, ref_logprobs
 
@@ -679,7 +695,8 @@ class ReinforceTrainer:
         count = distributed.all_reduce_sum(count.float()).clamp(min=1)
         total = 0.0
         for rows, sub in micro:
-            logprobs = grouped_response_logprobs(self.policy, sub)
+            with self.autocast():
+                logprobs = grouped_response_logprobs(self.policy, sub)
             sub_mask = loss_mask[rows, : logprobs.shape[1]]
             normalizer = count * sub_mask.shape[0] if aggregation == "nemo" else count
             loss = reinforce_loss(logprobs, advantages[rows], sub_mask, aggregation, normalizer)
