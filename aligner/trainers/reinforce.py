@@ -65,7 +65,8 @@ from aligner.config import TrainConfig, save_config
 from aligner.data.prompts import PromptDataset, PromptSampler, build_prompt_dataset, read_prompt_file
 from aligner.durable import fsync_file
 from aligner.errors import ConfigError, RunDirError, ServerUnavailableError
-from aligner.generation.generator import GenerationOutput, TorchGenerator, _concat, resolve_compile
+from aligner.generation.engines import build_generator
+from aligner.generation.generator import GenerationOutput, _concat, resolve_compile
 from aligner.modeling.batches import ResponseBatch
 from aligner.modeling.device import keep_freed_memory, resolve_device
 from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer, quiet_transformers, save_policy
@@ -225,9 +226,7 @@ class ReinforceTrainer:
         if cfg.model.gradient_checkpointing and not self.uses_megatron:
             self.policy.gradient_checkpointing_enable()
         cfg.generation.compile = resolve_compile(cfg.generation.compile, self.device, self.total_steps)
-        self.generator = TorchGenerator(
-            self.policy, self.tokenizer, cfg.generation, eos_token_ids(self.policy, self.tokenizer)
-        )
+        self.generator = build_generator(cfg, self.policy, self.tokenizer, eos_token_ids(self.policy, self.tokenizer))
         trained = self.policy
         if self.uses_megatron:
             trained = self.megatron_model = self._build_megatron_model()
