@@ -11,6 +11,8 @@ Each implements the `Generator` protocol: `generate(prompt_ids, num_samples, see
 
 from __future__ import annotations
 
+import importlib.util
+
 from torch import nn
 
 from aligner.config import TrainConfig
@@ -35,15 +37,27 @@ def build_generator(config: TrainConfig, model: nn.Module, tokenizer, eos_ids: l
     raise ConfigError(f"generation.engine: unknown engine {engine!r} (torch, hf or vllm)")
 
 
+def vllm_available() -> bool:
+    """Whether the vllm package can be imported here (found without importing it: that takes seconds)."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except ValueError:  # sys.modules holds None for it: imports of it are blocked
+        return False
+
+
 def _import_vllm_engine():
     """aligner.generation.vllm_engine, or a ConfigError naming the extra when vLLM is not installed."""
-    try:
-        from aligner.generation import vllm_engine
-    except ModuleNotFoundError as err:
-        if err.name not in ("vllm", "aligner.generation.vllm_engine") and not (err.name or "").startswith("vllm."):
-            raise  # a missing dependency of an installed vLLM is a broken install, not a config choice
+    missing = None if vllm_available() else "the vllm package is not installed"
+    if missing is None:
+        try:
+            from aligner.generation import vllm_engine
+        except ModuleNotFoundError as err:
+            if err.name != "aligner.generation.vllm_engine":
+                raise  # a dependency missing under an installed vLLM: a broken install, not a config choice
+            missing = "this Aligner has no vLLM engine"
+    if missing is not None:
         raise ConfigError(
-            f"generation.engine: vllm needs vLLM, which is not installed here ({err}): install the "
-            f"`{VLLM_EXTRA}` extra (pip install 'aligner[{VLLM_EXTRA}]'), or choose generation.engine torch or hf"
-        ) from err
+            f"generation.engine: vllm needs vLLM ({missing}): install the `{VLLM_EXTRA}` extra "
+            f"(pip install 'aligner[{VLLM_EXTRA}]'), or choose generation.engine torch or hf"
+        )
     return vllm_engine
