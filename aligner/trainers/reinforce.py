@@ -882,6 +882,7 @@ class ReinforceTrainer:
             load_adapter(self.policy, path / ADAPTER_DIR, loaded.pop("weights"))
         else:
             self.policy.load_state_dict(loaded.pop("weights"))
+        self.generator.update_weights(self.policy)  # an engine with its own weights copy (vllm) takes the checkpoint's
         if self.uses_megatron:
             from aligner.modeling import megatron as mb
 
