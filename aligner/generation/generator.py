@@ -58,6 +58,8 @@ class GenerationOutput:
 
 
 class Generator(Protocol):
+    pad_id: int  # pads prompts on the left and responses on the right
+
     def generate(self, prompt_ids: list[list[int]], num_samples: int, seed: int) -> GenerationOutput:
         """Sample `num_samples` responses for each prompt; `seed` fixes the sampling noise."""
         ...

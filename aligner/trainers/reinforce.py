@@ -65,7 +65,8 @@ from aligner.config import TrainConfig, save_config
 from aligner.data.prompts import PromptDataset, PromptSampler, build_prompt_dataset, read_prompt_file
 from aligner.durable import fsync_file
 from aligner.errors import ConfigError, RunDirError, ServerUnavailableError
-from aligner.generation.generator import GenerationOutput, TorchGenerator, _concat, resolve_compile
+from aligner.generation.engines import build_generator
+from aligner.generation.generator import GenerationOutput, _concat, resolve_compile
 from aligner.modeling.batches import ResponseBatch
 from aligner.modeling.device import autocast, bf16_is_fast, compute_dtype, keep_freed_memory, resolve_device
 from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer, quiet_transformers, save_policy
@@ -231,13 +232,7 @@ class ReinforceTrainer:
         if cfg.model.gradient_checkpointing and not self.uses_megatron:
             self.policy.gradient_checkpointing_enable()
         cfg.generation.compile = resolve_compile(cfg.generation.compile, self.device, self.total_steps)
-        self.generator = TorchGenerator(
-            self.policy,
-            self.tokenizer,
-            cfg.generation,
-            eos_token_ids(self.policy, self.tokenizer),
-            weights_dtype=compute_dtype(cfg.model.precision),
-        )
+        self.generator = build_generator(cfg, self.policy, self.tokenizer, eos_token_ids(self.policy, self.tokenizer))
         trained = self.policy
         if self.uses_megatron:
             trained = self.megatron_model = self._build_megatron_model()
@@ -900,6 +895,7 @@ class ReinforceTrainer:
             load_adapter(self.policy, path / ADAPTER_DIR, loaded.pop("weights"))
         else:
             self.policy.load_state_dict(loaded.pop("weights"))
+        self.generator.update_weights(self.policy)  # an engine with its own weights copy (vllm) takes the checkpoint's
         if self.uses_megatron:
             from aligner.modeling import megatron as mb
 
