@@ -328,6 +328,12 @@ class ReinforceConfig(Section):
         "each, advantages computed once (NeMo-Aligner's rollout size / global_batch_size). The LR schedule still "
         "moves once per rollout step.",
     )
+    importance_weight_cap: float = Field(
+        2.0,
+        gt=0,
+        description="trainer.async_rollouts: the loss's per-token importance weight pi(y_t) / pi_behaviour(y_t) "
+        "is capped at this (truncated importance sampling; the sampling policy is one update behind).",
+    )
     use_generation_logprobs: bool = Field(
         True,
         description="Take the policy's log-probs from the sampling pass (exact: one optimiser step per rollout) "
@@ -417,6 +423,15 @@ class TrainerConfig(Section):
     train_samples_to_log: int = Field(8, ge=0, description="Train samples written to samples.jsonl per step.")
     keep_checkpoints: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
     progress_bar: bool = Field(True, description="Show a progress bar on the terminal.")
+    async_rollouts: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="1: generate step t+1's samples while step t's update runs, with the weights before that update "
+        "(one-step off-policy, as NeMo-RL and OpenRLHF offer); the loss weighs each token by its truncated importance "
+        "weight against the behaviour policy (reinforce.importance_weight_cap). 0: generate with the current weights, "
+        "then update (on-policy). REINFORCE with model.backend hf, without dynamic_batching.",
+    )
 
     @field_validator("max_time", mode="before")
     @classmethod
@@ -661,6 +676,22 @@ class TrainConfig(Section):
     health: HealthConfig = Field(
         default_factory=HealthConfig, description="Run health alarms, evaluated by the worker; the trainer ignores it."
     )
+
+    @model_validator(mode="after")
+    def _async_rollouts(self) -> TrainConfig:
+        if not self.trainer.async_rollouts:
+            return self
+        unsupported = {
+            "algorithm: ppo (its critic scores each rollout on-policy)": self.algorithm == "ppo",
+            "model.backend: megatron": self.model.backend == "megatron",
+            "reinforce.dynamic_batching (its queue is collective; collectives stay on the training thread)": (
+                self.reinforce.dynamic_batching
+            ),
+        }
+        for what, applies in unsupported.items():
+            if applies:
+                raise ValueError(f"trainer.async_rollouts: 1 does not work with {what}: set it to 0")
+        return self
 
     @model_validator(mode="after")
     def _sources(self) -> TrainConfig:

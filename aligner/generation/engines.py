@@ -30,16 +30,17 @@ def build_generator(config: TrainConfig, model: nn.Module, tokenizer, eos_ids: l
     # Imported here: the service checks `vllm_available` without loading torch.
     from aligner.generation.generator import TorchGenerator
     from aligner.generation.hf_engine import HFGenerator
-
     from aligner.modeling.device import compute_dtype
 
     engine = config.generation.engine
-    # model.precision bf16-mixed: generation runs on its own copy of the weights in the compute dtype.
+    # model.precision bf16-mixed: generation runs on its own copy of the weights in the compute dtype; async rollouts
+    # sample while the training module changes, so they need their own copy too.
     weights_dtype = compute_dtype(config.model.precision)
+    own = config.trainer.async_rollouts > 0
     if engine == "torch":
-        return TorchGenerator(model, tokenizer, config.generation, eos_ids, weights_dtype)
+        return TorchGenerator(model, tokenizer, config.generation, eos_ids, weights_dtype, own_weights=own)
     if engine == "hf":
-        return HFGenerator(model, tokenizer, config.generation, eos_ids, weights_dtype)
+        return HFGenerator(model, tokenizer, config.generation, eos_ids, weights_dtype, own_weights=own)
     if engine == "vllm":
         vllm_engine = _import_vllm_engine()
         # The one place a VllmGenerator is built (its constructor's arguments are wired here).

@@ -110,19 +110,21 @@ class TorchGenerator:
         config: GenerationConfig,
         eos_ids: list[int],
         weights_dtype: torch.dtype | None = None,
+        own_weights: bool = False,
     ):
         self.tokenizer, self.config = tokenizer, config
-        # With `weights_dtype` (model.precision: bf16-mixed) generation runs on its own copy of the weights in that
-        # dtype, refreshed by `update_weights`; otherwise it shares the training module.
-        self.weights_dtype = weights_dtype
-        self.model = model if weights_dtype is None else frozen_copy(model, weights_dtype)
+        # With `weights_dtype` (model.precision: bf16-mixed) or `own_weights` (trainer.async_rollouts, which samples
+        # while the training module is updated) generation runs on its own copy of the weights, in that dtype,
+        # refreshed by `update_weights`; otherwise it shares the training module.
+        self.own_weights = own_weights or weights_dtype is not None
+        self.model = frozen_copy(model, weights_dtype) if self.own_weights else model
         self.eos_ids = torch.tensor(eos_ids, dtype=torch.long)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
         # An end string spans at most this many tokens (a token decodes to at least one byte).
         self._end_window = max((len(s.encode()) for s in config.end_strings), default=0) + 1
 
     def update_weights(self, model: nn.Module) -> None:
-        if self.weights_dtype is None:
+        if not self.own_weights:
             self.model = model  # shares the training module: nothing to copy
         else:
             copy_weights(self.model, model)

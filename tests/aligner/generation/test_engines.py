@@ -4,7 +4,7 @@ import pytest
 import torch
 import yaml
 
-from aligner.config import GenerationConfig, ModelConfig, TrainConfig
+from aligner.config import GenerationConfig, ModelConfig, TrainConfig, TrainerConfig
 from aligner.errors import ConfigError
 from aligner.generation import engines
 from aligner.generation.engines import build_generator
@@ -18,7 +18,9 @@ from tests.helpers.training import train
 
 def config_with(engine: str) -> TrainConfig:
     return TrainConfig.model_construct(
-        model=ModelConfig.model_construct(precision="fp32"), generation=GenerationConfig(engine=engine)
+        model=ModelConfig.model_construct(precision="fp32"),
+        generation=GenerationConfig(engine=engine),
+        trainer=TrainerConfig(),
     )
 
 
