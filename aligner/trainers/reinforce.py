@@ -42,6 +42,7 @@ on HF models refit from the gathered Megatron weights after each step, and each 
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import sys
@@ -318,7 +319,8 @@ class ReinforceTrainer:
 
     def autocast(self):
         """The policy's and reference's forwards in `model.precision`'s compute dtype (nothing for fp32)."""
-        return autocast(self.config.model.precision, self.device)
+        precision = self.config.model.precision
+        return autocast(precision, self.device) if compute_dtype(precision) else contextlib.nullcontext()
 
     # ----------------------------------------------------------------------------------------------- Megatron
     def _init_megatron_parallel(self) -> None:
