@@ -686,9 +686,17 @@ class ReinforceTrainer:
         prompts = [self.train_data.token_ids[i] for i in share]
         k, seed = self.config.reinforce.num_rollouts_per_prompt, self._sampling_seed(step)
 
+        # On CUDA the samples are generated on a stream of their own: on the default stream their kernels would queue
+        # behind (and in front of) the update's, and nothing would overlap.
+        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
         def generate() -> tuple[GenerationOutput, float]:
             started = time.perf_counter()
-            return self.generator.generate(prompts, k, seed), time.perf_counter() - started
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                gen = self.generator.generate(prompts, k, seed)
+            if stream is not None:
+                stream.synchronize()  # its tensors are complete before the training thread reads them
+            return gen, time.perf_counter() - started
 
         return PendingGeneration(position, share, self._background.submit(generate))
 
