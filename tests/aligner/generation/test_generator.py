@@ -263,8 +263,8 @@ def test_bfloat16_weights_copy_samples_with_the_policys_current_weights(policy, 
     original = {n: p.detach().clone() for n, p in model.named_parameters()}
     try:
         with torch.no_grad():
-            model.lm_head.weight.neg_()  # likely tokens become unlikely: log-probs move by nats, not thousandths
-        assert gap() > 1.0  # the copy still holds the old weights
+            model.lm_head.weight.neg_()  # likely tokens become unlikely
+        assert gap() > 0.2  # the copy still holds the old weights: a hundred times the rounding
         gen.update_weights(model)
         assert gap() < 0.03
     finally:
