@@ -275,6 +275,13 @@ class GenerationConfig(Section):
         "the CPU with a C++ compiler, for runs of at least 500 steps (trainer.max_steps, or fewer by max_epochs), "
         "which earn it back; the run's saved config holds what auto resolved to.",
     )
+    kv_cache_memory_mb: int = Field(
+        256,
+        ge=1,
+        description="engine vllm only: memory vLLM reserves for its KV cache, in MiB (RAM on the CPU, GPU memory on "
+        "CUDA, beside the trainer's). It bounds the tokens held at once: 2 x layers x KV heads x head size x dtype "
+        "bytes each (SmolLM2-135M in bf16: 22.5 KiB, so 256 MiB hold about 11,600 tokens).",
+    )
 
     @field_validator("compile", mode="before")
     @classmethod
