@@ -111,6 +111,9 @@ class VllmGenerator:
     def update_weights(self, model: nn.Module) -> None:
         """Load the policy's current weights into the engine, cast to its dtype (no copy when they match)."""
         weights = [(name, t.detach().to(self.dtype)) for name, t in model.state_dict().items()]
+        if any("lora_" in name for name, _ in weights):
+            # A peft model's state dict holds the adapter beside the frozen base, not the merged weights vLLM needs.
+            raise ConfigError("generation.engine vllm does not support model.lora policies yet")
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=weights, is_checkpoint_format=True))
 
     def generate(self, prompt_ids: list[list[int]], num_samples: int, seed: int) -> GenerationOutput:
