@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from aligner.config import GenerationConfig
@@ -94,6 +95,11 @@ class VllmGenerator:
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process (it expects to own
         # the cores). In this process the trainer owns them: the real function and the thread count come back.
         set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+        # Under torchrun each rank runs its own engine (tensor parallel size 1) on the process group torchrun set up:
+        # vLLM's "external launcher" joins that group instead of making its own, and the ranks' engines run
+        # independently (different prompts, different numbers of calls). Alone, vLLM makes a group of one.
+        self._shared_group = dist.is_initialized()
+        launcher = dict(distributed_executor_backend="external_launcher") if self._shared_group else {}
         try:
             self.llm = LLM(
                 model=str(policy_path),
@@ -103,6 +109,7 @@ class VllmGenerator:
                 kv_cache_memory_bytes=kv_mb * MIB,
                 enforce_eager=config.compile is not True,
                 logprobs_mode="raw_logprobs",
+                **launcher,
             )
         finally:
             torch.set_num_threads = set_num_threads
@@ -110,6 +117,8 @@ class VllmGenerator:
 
     def update_weights(self, model: nn.Module) -> None:
         """Load the policy's current weights into the engine, cast to its dtype (no copy when they match)."""
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module  # its state dict's names carry a "module." prefix
         weights = [(name, t.detach().to(self.dtype)) for name, t in model.state_dict().items()]
         if any("lora_" in name for name, _ in weights):
             # A peft model's state dict holds the adapter beside the frozen base, not the merged weights vLLM needs.
@@ -183,21 +192,23 @@ class VllmGenerator:
         )
 
     def close(self) -> None:
-        """Stop the engine and free its memory and vLLM's process-wide state (its process group among it), so
-        that another engine can start in this process."""
+        """Stop the engine and free its memory and vLLM's process-wide state, so that another engine can start in
+        this process. The process group goes too when vLLM made it; torchrun's stays."""
         llm = self.__dict__.pop("llm", None)
-        if llm is not None:
+        if llm is None:
+            return
+        destroy = dist.destroy_process_group
+        if self._shared_group:
+            dist.destroy_process_group = lambda group=None: None  # vLLM's shutdown would end the trainer's group
+        try:
             llm.llm_engine.engine_core.shutdown()
+        finally:
+            dist.destroy_process_group = destroy
 
 
 def check_engine_fits(policy_path: str | Path, device: torch.device) -> None:
-    """Refuse what vLLM would fail on later with a less clear message: a process group of several ranks (one
-    engine per process would need vLLM's external launcher, not wired here) and, on the CPU, head sizes its
-    attention kernels lack (the tiny test models' 8, for one)."""
-    import torch.distributed as dist
-
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        raise ConfigError("generation.engine vllm runs in single-process training only (not under torchrun yet)")
+    """Refuse, with a clearer message than vLLM's later one, head sizes vLLM's CPU attention kernels lack (the
+    suite's tiny Llama has 8)."""
     if device.type != "cpu":
         return
     from transformers import AutoConfig

@@ -181,3 +181,24 @@ def test_head_sizes_the_cpu_kernels_lack_are_refused(tiny_policy_dir):
     tokenizer = load_tokenizer(tiny_policy_dir)  # the suite's tiny Llama has heads of 8
     with pytest.raises(ConfigError, match="head size 8"):
         VllmGenerator(tiny_policy_dir, tokenizer, GenerationConfig(), [tokenizer.eos_token_id], torch.float32, 64)
+
+
+@pytest.mark.slow
+def test_each_torchrun_rank_runs_its_own_engine_on_torchruns_group(tmp_path):
+    """Under torchrun the ranks' engines join torchrun's process group and run independently (other prompts, other
+    numbers of calls, weights pushed on one rank only); the group outlives them."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder = build_tiny_policy(tmp_path / "policy")
+    tiny_model("llama", load_tokenizer(folder)).save_pretrained(folder)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command += ["-m", "tests.helpers.vllm_worker", str(folder), str(tmp_path)]
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for rank in range(2):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["error"] < FP32_ATOL and result["sum"] == 3.0
