@@ -89,8 +89,6 @@ class VllmGenerator:
         self.dtype, self.max_model_len, self.device = dtype, max_model_len, torch.device(device)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         check_engine_fits(policy_path, self.device)
-        if config.min_new_tokens + 1 > max_model_len:
-            raise ConfigError(f"generation.min_new_tokens must leave room in max_model_len ({max_model_len})")
         kv_mb = config.kv_cache_memory_mb if kv_cache_memory_mb is None else kv_cache_memory_mb
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process (it expects to own
         # the cores). In this process the trainer owns them: the real function and the thread count come back.
@@ -119,10 +117,11 @@ class VllmGenerator:
         """Load the policy's current weights into the engine, cast to its dtype (no copy when they match)."""
         if isinstance(model, nn.parallel.DistributedDataParallel):
             model = model.module  # its state dict's names carry a "module." prefix
-        weights = [(name, t.detach().to(self.dtype)) for name, t in model.state_dict().items()]
-        if any("lora_" in name for name, _ in weights):
+        state = model.state_dict()
+        if any("lora_" in name for name in state):
             # A peft model's state dict holds the adapter beside the frozen base, not the merged weights vLLM needs.
             raise ConfigError("generation.engine vllm does not support model.lora policies yet")
+        weights = [(name, t.detach().to(self.dtype)) for name, t in state.items()]
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=weights, is_checkpoint_format=True))
 
     def generate(self, prompt_ids: list[list[int]], num_samples: int, seed: int) -> GenerationOutput:

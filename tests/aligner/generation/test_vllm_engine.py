@@ -202,3 +202,12 @@ def test_each_torchrun_rank_runs_its_own_engine_on_torchruns_group(tmp_path):
     for rank in range(2):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["error"] < FP32_ATOL and result["sum"] == 3.0
+
+
+@pytest.mark.parametrize("engine", ["llama"], indirect=True)
+def test_lora_policies_are_refused(engine):
+    gen, policy, _ = engine
+    adapter = torch.nn.Module()
+    adapter.lora_A = torch.nn.Linear(4, 2)  # what a peft model's state dict names its adapters
+    with pytest.raises(ConfigError, match="lora"):
+        gen.update_weights(adapter)
