@@ -66,8 +66,10 @@ class VllmGenerator:
     `dtype` is the engine's (its weights, activations and KV cache); `update_weights` casts the policy's weights to
     it. `max_model_len` bounds prompt + response tokens. `seed` seeds the engine; each `generate` call derives one
     seed per prompt from its own `seed`, so a call is reproducible whatever else runs. `device` is where the
-    returned tensors go (the policy's device). `generation.compile: true` lets vLLM compile its model (tens of
-    seconds at start on the CPU), anything else runs it eagerly.
+    returned tensors go (the policy's device); `tokenizer_path` (model.tokenizer_path) defaults to the policy's
+    folder. `generation.compile: true` lets vLLM compile its model (tens of seconds at start on the CPU), anything
+    else runs it eagerly. The engine starts with the folder's weights: a trainer that changed the policy since
+    (a resumed checkpoint) pushes them with `update_weights` before sampling.
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class VllmGenerator:
         seed: int = 0,
         kv_cache_memory_mb: int | None = None,
         device: str | torch.device = "cpu",
+        tokenizer_path: str | Path | None = None,
     ):
         LLM, self._SamplingParams, self._TokensPrompt = import_vllm()
         if dtype not in VLLM_DTYPES:
@@ -101,6 +104,7 @@ class VllmGenerator:
         try:
             self.llm = LLM(
                 model=str(policy_path),
+                tokenizer=str(tokenizer_path or policy_path),  # vLLM decodes, to find end strings
                 dtype=VLLM_DTYPES[dtype],
                 seed=seed,
                 max_model_len=max_model_len,
