@@ -43,8 +43,18 @@ def build_generator(config: TrainConfig, model: nn.Module, tokenizer, eos_ids: l
         return HFGenerator(model, tokenizer, config.generation, eos_ids, weights_dtype, own_weights=own)
     if engine == "vllm":
         vllm_engine = _import_vllm_engine()
-        # The one place a VllmGenerator is built (its constructor's arguments are wired here).
-        return vllm_engine.VllmGenerator(config, model, tokenizer, eos_ids)
+        device = next(model.parameters()).device
+        return vllm_engine.VllmGenerator(
+            config.model.policy_path,
+            tokenizer,
+            config.generation,
+            eos_ids,
+            dtype=weights_dtype or next(model.parameters()).dtype,
+            max_model_len=config.data.max_prompt_length + config.generation.max_new_tokens,
+            seed=config.seed,
+            device=device,
+            tokenizer_path=config.model.tokenizer_path,
+        )
     raise ConfigError(f"generation.engine: unknown engine {engine!r} (torch, hf or vllm)")
 
 
