@@ -183,10 +183,10 @@ def engines(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
     here = Path(__file__).resolve()
     common = ["--json", "--steps", str(args.steps), "--warmup", str(args.warmup)]
     model = ["--model", args.model] if args.model else []
+    model += ["--tokenizer", args.tokenizer] if args.tokenizer else []
     out = []
     for precision in args.precision:
         ours = [sys.executable, str(here), *common, *model, "--precision", precision]
-        ours += ["--tokenizer", args.tokenizer] if args.tokenizer else []
         ours += [f"--set={override}" for override in args.set]
         out.append(("aligner", precision, ours))
         out += [(name, precision, ours + overrides) for name, overrides in args.variants]
