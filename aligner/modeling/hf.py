@@ -6,6 +6,7 @@ A policy folder is a plain Hugging Face folder (config.json + safetensors); what
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -56,6 +57,28 @@ def save_policy(model: nn.Module, tokenizer, out_dir: str | Path) -> None:
     model.save_pretrained(str(out_dir), safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out_dir))
+
+
+def frozen_copy(model: nn.Module, dtype: torch.dtype | None = None, device: str | torch.device | None = None):
+    """A copy of `model` for inference only: no gradients, eval mode, its parameters in `dtype` (default: theirs).
+
+    Only parameters are cast: buffers such as the rotary embedding's `inv_freq` keep float32, as transformers keeps
+    them when it loads a model in bfloat16 (a bfloat16 inv_freq would shift every rotary angle)."""
+    frozen = copy.deepcopy(model)
+    if device is not None:
+        frozen.to(device)
+    frozen.eval().requires_grad_(False)
+    if dtype is not None:
+        for param in frozen.parameters():
+            param.data = param.data.to(dtype)
+    return frozen
+
+
+@torch.no_grad()
+def copy_weights(target: nn.Module, source: nn.Module) -> None:
+    """`target`'s parameters := `source`'s (same architecture; cast to `target`'s dtypes and devices)."""
+    for mine, theirs in zip(target.parameters(), source.parameters(), strict=True):
+        mine.copy_(theirs)
 
 
 def eos_token_ids(model: nn.Module, tokenizer) -> list[int]:

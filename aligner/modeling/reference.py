@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 
 from aligner.modeling.batches import ResponseBatch
+from aligner.modeling.hf import frozen_copy
 from aligner.modeling.logprobs import grouped_response_logprobs
 
 
 class ReferencePolicy:
     """A frozen copy of the initial policy, kept in CPU memory and moved to the device only to compute log-probs.
 
-    This is NeMo-Aligner's arrangement: on a GPU the reference costs no device memory between uses.
+    This is NeMo-Aligner's arrangement: on a GPU the reference costs no device memory between uses. With `dtype`
+    (`model.precision: bf16-mixed`) the copy is kept in that dtype: half the memory, and computed at its speed.
     """
 
-    def __init__(self, policy: nn.Module):
-        self.model = copy.deepcopy(policy).to("cpu").eval()
-        self.model.requires_grad_(False)
+    def __init__(self, policy: nn.Module, dtype: torch.dtype | None = None):
+        self.model = frozen_copy(policy, dtype, device="cpu")
 
     def logprobs(self, batch: ResponseBatch) -> torch.Tensor:
         device = batch.response_ids.device

@@ -70,7 +70,7 @@ def try_reward(config: TrainConfig, num_prompts: int = 4, num_samples: int = 4) 
     zero_spread}], "reward_length_corr", "frac_zero_std_groups", "seconds", "warnings", "timings": {"load_s",
     "generate_s", "score_s", "max_length"}} (timings: what a step-time estimate scales from)."""
     from aligner.data.prompts import build_prompt_dataset, read_prompt_file
-    from aligner.generation.generator import TorchGenerator
+    from aligner.generation.engines import build_generator
     from aligner.modeling.device import resolve_device
     from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer, quiet_transformers
     from aligner.rewards.build import build_reward_client
@@ -97,7 +97,9 @@ def try_reward(config: TrainConfig, num_prompts: int = 4, num_samples: int = 4) 
         policy = load_policy(config.model.policy_path, config.model.dtype, device, config.model.attn_implementation)
         # Compiling costs more than a try's few decode steps save.
         generation = config.generation.model_copy(update={"compile": False})
-        generator = TorchGenerator(policy, tokenizer, generation, eos_token_ids(policy, tokenizer))
+        generator = build_generator(
+            config.model_copy(update={"generation": generation}), policy, tokenizer, eos_token_ids(policy, tokenizer)
+        )
         loaded = time.perf_counter()
         gen = generator.generate(data.token_ids, num_samples, seed=config.seed)
         generated = time.perf_counter()

@@ -364,7 +364,8 @@ class PPOTrainer(ReinforceTrainer):
                 normalizer = distributed.all_reduce_sum(mask.sum()).clamp(min=1)
                 loss_sum = 0.0
                 for rows, sub in self._micro_batches(batch):
-                    logits = grouped_response_logits(self.policy, sub)
+                    with self.autocast():
+                        logits = grouped_response_logits(self.policy, sub)
                     logprobs = token_logprobs(logits, sub.response_ids)
                     t = logprobs.shape[1]
                     sub_mask = mask[rows, :t]

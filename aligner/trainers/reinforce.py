@@ -42,10 +42,13 @@ on HF models refit from the gathered Megatron weights after each step, and each 
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,14 +63,16 @@ from aligner.algorithms.reinforce import (
     response_loss_mask,
     rewards_with_kl,
     rloo_baseline,
+    truncated_importance_weights,
 )
 from aligner.config import TrainConfig, save_config
 from aligner.data.prompts import PromptDataset, PromptSampler, build_prompt_dataset, read_prompt_file
 from aligner.durable import fsync_file
 from aligner.errors import ConfigError, RunDirError, ServerUnavailableError
-from aligner.generation.generator import GenerationOutput, TorchGenerator, _concat, resolve_compile
+from aligner.generation.engines import build_generator
+from aligner.generation.generator import GenerationOutput, _concat, resolve_compile
 from aligner.modeling.batches import ResponseBatch
-from aligner.modeling.device import keep_freed_memory, resolve_device
+from aligner.modeling.device import autocast, bf16_is_fast, compute_dtype, keep_freed_memory, resolve_device
 from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer, quiet_transformers, save_policy
 from aligner.modeling.logprobs import grouped_response_logprobs
 from aligner.modeling.lora import (
@@ -125,6 +130,17 @@ class Rollout:
     advantages: torch.Tensor  # [B]
     metrics: dict[str, float] = field(default_factory=dict)
     samples: list[dict[str, Any]] = field(default_factory=list)
+    # trainer.async_rollouts: the log-probs of the policy that sampled (one update behind), for importance weights.
+    behaviour_logprobs: torch.Tensor | None = None
+
+
+@dataclass
+class PendingGeneration:
+    """trainer.async_rollouts: the next step's samples, generated in a background thread while this step trains."""
+
+    position: dict[str, Any]  # the prompt sampler's state before they were drawn: a dropped step goes back to it
+    prompt_indices: list[int]  # this rank's share of the step's prompts
+    future: Future  # -> (GenerationOutput, seconds it took)
 
 
 class ReinforceTrainer:
@@ -142,6 +158,8 @@ class ReinforceTrainer:
         self._intact: tuple[int | None, Path | None] | None = None  # `_intact_checkpoint`'s answer, once verified
         self.log: RunLog | None = None  # from the end of `setup`
         self.extra_reward_clients: dict[str, Any] = {}  # validation.extra_rewards' clients, by name
+        self.ahead: PendingGeneration | None = None  # trainer.async_rollouts: the next step's samples, under way
+        self._background: ThreadPoolExecutor | None = None  # ... and the thread that generates them
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self, resume: bool = False) -> None:
@@ -180,6 +198,12 @@ class ReinforceTrainer:
             torch.set_num_threads(cfg.model.num_threads)
         if cfg.model.keep_freed_memory and self.device.type == "cpu":
             keep_freed_memory()
+        if cfg.model.precision == "bf16-mixed" and not bf16_is_fast(self.device) and distributed.is_main():
+            print(
+                f"model.precision bf16-mixed: {self.device} has no bfloat16 hardware support; it runs emulated, "
+                "slower than fp32",
+                file=sys.stderr,
+            )
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         quiet_transformers()
@@ -221,13 +245,11 @@ class ReinforceTrainer:
             self.reference = LoraReference(self.policy)
         else:
             # Built from the initial weights before any checkpoint is loaded: the KL is always to the SFT policy.
-            self.reference = ReferencePolicy(self.policy)
+            self.reference = ReferencePolicy(self.policy, compute_dtype(cfg.model.precision))
         if cfg.model.gradient_checkpointing and not self.uses_megatron:
             self.policy.gradient_checkpointing_enable()
         cfg.generation.compile = resolve_compile(cfg.generation.compile, self.device, self.total_steps)
-        self.generator = TorchGenerator(
-            self.policy, self.tokenizer, cfg.generation, eos_token_ids(self.policy, self.tokenizer)
-        )
+        self.generator = build_generator(cfg, self.policy, self.tokenizer, eos_token_ids(self.policy, self.tokenizer))
         trained = self.policy
         if self.uses_megatron:
             trained = self.megatron_model = self._build_megatron_model()
@@ -244,6 +266,7 @@ class ReinforceTrainer:
             self._resume()
         # Ranks load the same files, but randomly initialised weights (adapters) must match too.
         distributed.broadcast_parameters(self.policy.parameters())
+        self.generator.update_weights(self.policy)  # an engine's own copy of the weights takes the resumed ones
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if distributed.is_main():
@@ -293,6 +316,11 @@ class ReinforceTrainer:
     @property
     def uses_megatron(self) -> bool:
         return self.config.model.backend == "megatron"
+
+    def autocast(self):
+        """The policy's and reference's forwards in `model.precision`'s compute dtype (nothing for fp32)."""
+        precision = self.config.model.precision
+        return autocast(precision, self.device) if compute_dtype(precision) else contextlib.nullcontext()
 
     # ----------------------------------------------------------------------------------------------- Megatron
     def _init_megatron_parallel(self) -> None:
@@ -369,8 +397,11 @@ class ReinforceTrainer:
             while self.step < total and not stop:
                 position, updating, started = self.sampler.state_dict(), False, time.perf_counter()
                 try:
-                    prompt_indices = self.sampler.next_batch(self.config.reinforce.num_prompts_per_step)
-                    rollout = self.rollout(prompt_indices, self.train_data)
+                    if cfg.async_rollouts:
+                        position, rollout = self._rollout_ahead(total)
+                    else:
+                        prompt_indices = self.sampler.next_batch(self.config.reinforce.num_prompts_per_step)
+                        rollout = self.rollout(prompt_indices, self.train_data)
                     updating = True  # from here the weights move: a step that fails now cannot be checkpointed
                     metrics = {**rollout.metrics, **self.optimise(rollout)}
                 except ServerUnavailableError as err:
@@ -411,6 +442,7 @@ class ReinforceTrainer:
                     kl=f"{metrics['train_rollouts/init_policy_kl']:.4f}",
                 )
         bar.close()
+        self._stop_background()
         if self.step >= total:
             if distributed.is_main():
                 # The final policy is always a plain Hugging Face folder: LoRA adapters are merged into it.
@@ -575,8 +607,9 @@ class ReinforceTrainer:
                 logprobs = gen.logprobs
             else:
                 self.policy.eval()
-                logprobs = self._logprobs(lambda sub: grouped_response_logprobs(self.policy, sub), batch)
-        with self.timers.time("init_logprobs"):
+                with self.autocast():
+                    logprobs = self._logprobs(lambda sub: grouped_response_logprobs(self.policy, sub), batch)
+        with self.timers.time("init_logprobs"), self.autocast():
             ref_logprobs = self._logprobs(self.reference.logprobs, batch)
         return logprobs, ref_logprobs
 
@@ -586,8 +619,15 @@ class ReinforceTrainer:
 
         All samples of a prompt stay on one rank, so the RLOO baseline is exact locally.
         """
-        cfg = self.config.reinforce
         prompt_indices, gen = self._generate_share(prompt_indices, data)
+        return self._score_rollout(prompt_indices, gen, data)
+
+    def _score_rollout(
+        self, prompt_indices: list[int], gen: GenerationOutput, data: PromptDataset, off_policy: bool = False
+    ) -> Rollout:
+        """`rollout` from the samples `gen` of this rank's `prompt_indices`: rewards, KL, baseline, advantages;
+        `off_policy` (async rollouts) keeps generation's log-probs as the behaviour policy's."""
+        cfg = self.config.reinforce
         with self.timers.time("reward"):
             prompts, future = self._score(gen, data, prompt_indices)
         batch = gen.response_batch()
@@ -616,7 +656,83 @@ class ReinforceTrainer:
             advantages=advantages,
             metrics=metrics,
             samples=samples,
+            behaviour_logprobs=gen.logprobs if off_policy else None,
         )
+
+    # ----------------------------------------------------------------------------------------------- async rollouts
+    def _rollout_ahead(self, total: int) -> tuple[dict[str, Any], Rollout]:
+        """trainer.async_rollouts: this step's rollout from the samples generated during the previous step's update
+        (generated now at a launch's first step), after starting the next step's in the background. Returns the
+        sampler's position before this step's prompts were drawn, where a dropped step goes back to."""
+        if self.ahead is None:
+            self.ahead = self._generate_in_background(self.step)
+        ahead, self.ahead = self.ahead, None
+        with self.timers.time("generate_wait"):
+            gen, seconds = ahead.future.result()
+        self.timers.add("generate", seconds)
+        rollout = self._score_rollout(ahead.prompt_indices, gen, self.train_data, off_policy=True)
+        if self.step + 1 < total:
+            # The engine still holds the weights before this step's update: the next samples are one update behind.
+            self.ahead = self._generate_in_background(self.step + 1)
+        return ahead.position, rollout
+
+    def _generate_in_background(self, step: int) -> PendingGeneration:
+        """Draw step `step`'s prompts and start sampling this rank's share of them, with that step's noise, on the
+        background thread (the generator's own copy of the weights: the training module may change meanwhile)."""
+        if self._background is None:
+            self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aligner-rollouts")
+        position = self.sampler.state_dict()
+        share = distributed.shard(self.sampler.next_batch(self.config.reinforce.num_prompts_per_step))
+        prompts = [self.train_data.token_ids[i] for i in share]
+        k, seed = self.config.reinforce.num_rollouts_per_prompt, self._sampling_seed(step)
+
+        # On CUDA the samples are generated on a stream of their own: on the default stream their kernels would queue
+        # behind (and in front of) the update's, and nothing would overlap.
+        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+        def generate() -> tuple[GenerationOutput, float]:
+            started = time.perf_counter()
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                gen = self.generator.generate(prompts, k, seed)
+            if stream is not None:
+                stream.synchronize()  # its tensors are complete before the training thread reads them
+            return gen, time.perf_counter() - started
+
+        return PendingGeneration(position, share, self._background.submit(generate))
+
+    def _push_weights(self) -> None:
+        """The generator takes the policy's new weights, once the samples it is generating (async) are done."""
+        if self.ahead is not None:
+            with self.timers.time("generate_wait"):
+                wait_for([self.ahead.future])
+        self.generator.update_weights(self.policy)
+
+    def _ahead_state(self) -> dict[str, Any] | None:
+        """The next step's samples for a checkpoint (done: `_push_weights` waited for them), or None."""
+        if self.ahead is None:
+            return None
+        gen, _ = self.ahead.future.result()
+        return {"position": self.ahead.position, "prompt_indices": self.ahead.prompt_indices, "generation": gen}
+
+    def _restore_ahead(self, per_rank: list[dict[str, Any] | None] | None) -> None:
+        """The checkpoint's next-step samples become this run's, so a resumed async run trains on what the
+        uninterrupted one would. Without async rollouts, or with another number of processes, they are dropped and the
+        sampler goes back to draw their prompts again."""
+        self.ahead = None
+        mine = per_rank[distributed.rank()] if per_rank and len(per_rank) == distributed.world_size() else None
+        if mine is not None and self.config.trainer.async_rollouts:
+            done: Future = Future()
+            done.set_result((mine["generation"], 0.0))
+            self.ahead = PendingGeneration(mine["position"], mine["prompt_indices"], done)
+        elif per_rank and per_rank[0] is not None:
+            self.sampler.load_state_dict(per_rank[0]["position"])  # the position is global: every rank's is the same
+
+    def _stop_background(self) -> None:
+        if self.ahead is not None:
+            wait_for([self.ahead.future])
+        if self._background is not None:
+            self._background.shutdown(wait=True)
+            self._background = None
 
     # ----------------------------------------------------------------------------------------------- optimise
     def optimise(self, rollout: Rollout) -> dict[str, float]:
@@ -627,22 +743,28 @@ class ReinforceTrainer:
         cfg = self.config
         self.policy.train()
         lr = self.optimizer.param_groups[0]["lr"]
-        losses, grad_norms = [], []
+        losses, grad_norms, importance = [], [], []
         with self.timers.time("train"):
             for mini in self._mini_batches(rollout.advantages.shape[0]):
-                loss = self._accumulate_gradients(rollout, mini)
+                loss = self._accumulate_gradients(rollout, mini, importance)
                 distributed.all_reduce_gradients(self.policy.parameters())
                 losses.append(distributed.all_reduce_sum(torch.tensor(loss, device=self.device)).item())
                 grad_norms.append(
                     optimizer_step(self.optimizer, self.policy.parameters(), cfg.optim.max_grad_norm).item()
                 )
             self.scheduler.step()
-            self.generator.update_weights(self.policy)
-        return {
+        self._push_weights()
+        metrics = {
             "train_optim/loss": sum(losses) / len(losses),
             "train_optim/grad_norm": sum(grad_norms) / len(grad_norms),
             "train_optim/lr": lr,
         }
+        if rollout.behaviour_logprobs is not None:
+            sums = torch.tensor(importance or [[0.0] * 3], dtype=torch.float64, device=self.device).sum(0)
+            weight, capped, tokens = distributed.all_reduce_sum(sums).tolist()
+            metrics["train_optim/importance_weight"] = weight / max(tokens, 1)
+            metrics["train_optim/importance_weight_capped"] = capped / max(tokens, 1)
+        return metrics
 
     def _mini_batches(self, local_size: int) -> list[slice]:
         """This rank's rows of each of the `reinforce.num_mini_batches` consecutive mini-batches of the GLOBAL rollout
@@ -657,15 +779,20 @@ class ReinforceTrainer:
             for a, b in zip(bounds, bounds[1:])
         ]
 
-    def _accumulate_gradients(self, rollout: Rollout, mini: slice) -> float:
+    def _accumulate_gradients(self, rollout: Rollout, mini: slice, importance: list | None = None) -> float:
         """Backward of the loss of the rollout's rows `mini` (this rank's part of a global mini-batch), micro-batch by
         micro-batch; returns this rank's share of the mini-batch's loss.
 
         Every micro-batch of every rank divides by a count over the whole global mini-batch (tokens for token_mean,
         samples with a token for seq_mean, micro-batches for nemo), so the gradients summed over micro-batches and
-        ranks are the mini-batch's, the same as one process computing it alone."""
+        ranks are the mini-batch's, the same as one process computing it alone.
+
+        With async rollouts each token's term is weighed by its truncated importance weight against the behaviour
+        policy; (sum of the weights, tokens at the cap, tokens) of each micro-batch go to `importance`."""
         aggregation = self.config.reinforce.loss_aggregation
         loss_mask, advantages = rollout.loss_mask[mini], rollout.advantages[mini]
+        behaviour = None if rollout.behaviour_logprobs is None else rollout.behaviour_logprobs[mini]
+        cap = self.config.reinforce.importance_weight_cap
         whole = mini.start == 0 and mini.stop == rollout.advantages.shape[0]
         micro = []
         if advantages.numel():
@@ -679,10 +806,15 @@ class ReinforceTrainer:
         count = distributed.all_reduce_sum(count.float()).clamp(min=1)
         total = 0.0
         for rows, sub in micro:
-            logprobs = grouped_response_logprobs(self.policy, sub)
+            with self.autocast():
+                logprobs = grouped_response_logprobs(self.policy, sub)
             sub_mask = loss_mask[rows, : logprobs.shape[1]]
             normalizer = count * sub_mask.shape[0] if aggregation == "nemo" else count
-            loss = reinforce_loss(logprobs, advantages[rows], sub_mask, aggregation, normalizer)
+            weights = None
+            if behaviour is not None:
+                weights = truncated_importance_weights(logprobs, behaviour[rows, : logprobs.shape[1]], sub_mask, cap)
+                importance.append([weights.sum().item(), (weights == cap).sum().item(), sub_mask.sum().item()])
+            loss = reinforce_loss(logprobs, advantages[rows], sub_mask, aggregation, normalizer, weights)
             loss.backward()
             total += loss.item()
         return total
@@ -752,6 +884,7 @@ class ReinforceTrainer:
         final = self.run_dir / CHECKPOINT_DIR / checkpoint_name(self.step)
         tmp = final.with_name(final.name + ".tmp")
         rng_per_rank = distributed.all_gather_objects(rng_state())
+        ahead_per_rank = distributed.all_gather_objects(self._ahead_state())
         self._update_best()
         if self.uses_megatron:
             # Each rank's optimiser holds the state of its own shard: every rank writes its file into the folder.
@@ -784,6 +917,8 @@ class ReinforceTrainer:
             "rng": rng_per_rank[0],
             "rng_per_rank": rng_per_rank,
             "best": self.best,
+            # async rollouts: each rank's samples for the next step, already generated one update behind.
+            "ahead_per_rank": ahead_per_rank,
         }
         self._save_extra(tmp)
         torch.save(state, tmp / STATE_FILE)
@@ -883,6 +1018,7 @@ class ReinforceTrainer:
             load_adapter(self.policy, path / ADAPTER_DIR, loaded.pop("weights"))
         else:
             self.policy.load_state_dict(loaded.pop("weights"))
+        self.generator.update_weights(self.policy)  # an engine with its own weights copy (vllm) takes the checkpoint's
         if self.uses_megatron:
             from aligner.modeling import megatron as mb
 
@@ -893,6 +1029,7 @@ class ReinforceTrainer:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
+        self._restore_ahead(state.get("ahead_per_rank"))
         per_rank = state.get("rng_per_rank", [])
         # Each rank continues its own random streams; with another number of processes, rank 0's are used.
         set_rng_state(per_rank[distributed.rank()] if len(per_rank) == distributed.world_size() else state["rng"])

@@ -131,6 +131,10 @@ class Timers:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
+    def add(self, name: str, seconds: float) -> None:
+        """Seconds timed elsewhere (e.g. a background thread's) counted under `name`."""
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
     def pop(self) -> dict[str, float]:
         out, self.seconds = {f"timers/{k}": v for k, v in self.seconds.items()}, {}
         return out

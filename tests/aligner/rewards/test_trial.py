@@ -32,6 +32,17 @@ def test_a_try_scores_each_prompts_samples_and_sums_them_up(run_config):
     assert "prompt 2:" in format_table(result)
 
 
+def test_a_try_samples_with_the_configs_generation_engine(run_config, monkeypatch):
+    from aligner.generation import engines
+
+    built = []
+    real = engines.build_generator
+    monkeypatch.setattr(engines, "build_generator", lambda *args: built.append(real(*args)) or built[-1])
+    config = run_config(generation={"max_new_tokens": 4, "engine": "hf"})
+    result = try_reward(config, num_prompts=2, num_samples=2)
+    assert type(built[0]).__name__ == "HFGenerator" and len(result["samples"]) == 4
+
+
 @pytest.mark.parametrize(
     ("reward", "message"),
     [
