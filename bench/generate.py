@@ -31,6 +31,7 @@ from workload import NEW_TOKENS, PROMPTS, SAMPLES, parse_precisions  # noqa: E40
 
 ENGINES = ("torch", "hf", "vllm")  # generation.engine's values
 PRECISION_CONFIG = {"fp32": "fp32", "bf16": "bf16-mixed"}  # --precision -> model.precision
+MAX_PROMPT_TOKENS = 128  # the workload's prompts are far shorter, chat template included
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
                     f"generation.engine={engine}",
                     f"generation.compile={args.compile}",
                     f"model.precision={PRECISION_CONFIG[precision]}",
+                    # vLLM sizes its engine for prompt + response: within the tiny model's 256 positions.
+                    f"data.max_prompt_length={MAX_PROMPT_TOKENS}",
                 ]
                 cfg = load_config(path, overrides)
                 # What a long run resolves generation.compile: auto to (the trainer does this at setup).
