@@ -13,10 +13,16 @@ Run (from the repository root):
 
     trl-env/bin/python bench/trl_rloo_step.py                  # table
     trl-env/bin/python bench/trl_rloo_step.py --steps 20 --warmup 3 --json   # plus one JSON line
+    trl-env/bin/python bench/trl_rloo_step.py --model models/smollm2-135m-instruct --precision bf16 --steps 3
 
 Measured with TRL 1.16.0, transformers 5.23.0, accelerate 1.15.0, datasets 5.2.0, torch 2.13.0+cpu.
 
-The workload, built entirely offline in a temporary directory:
+`--model PATH` (and `--tokenizer PATH`) runs the same workload shape on any causal-LM folder instead of the tiny
+model: loaded in float32, short generic English prompts (bench/workload.py's, the same as Aligner's side), given as
+conversations when the tokenizer has a chat template, so TRL applies it. `--precision bf16` is `RLOOConfig(bf16=True)`,
+TRL's own mixed precision (float32 weights, bfloat16 autocast); the default fp32 is `bf16=False`.
+
+The default workload, built entirely offline in a temporary directory:
 - policy: a Llama-shaped model from a config (hidden 128, 4 layers, 4 heads, intermediate 512, vocab 512), random
   init with a fixed seed, fp32;
 - tokenizer: byte-level BPE trained with `tokenizers` on a synthetic corpus to vocab 512, wrapped in
@@ -73,9 +79,18 @@ import transformers  # noqa: E402
 import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, TrainerCallback  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    TrainerCallback,
+)
 from transformers.trainer_callback import PrinterCallback  # noqa: E402
 from trl import RLOOConfig, RLOOTrainer  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from workload import NEW_TOKENS, PRECISIONS, generic_prompts  # noqa: E402  (plain Python, no aligner import)
 
 SEED = 1234
 VOCAB = 512
@@ -85,7 +100,6 @@ HEADS = 4
 INTERMEDIATE = 4 * HIDDEN
 PROMPTS_PER_STEP = 8
 SAMPLES_PER_PROMPT = 4
-NEW_TOKENS = 32
 BETA = 0.05
 EOS, PAD = "<|endoftext|>", "<pad>"
 
@@ -172,7 +186,9 @@ REC = Recorder()
 def count_e_reward(prompts, completions, completion_ids, **kwargs) -> list[float]:
     """Reward function (not a model): the number of letters "e" in the completion text."""
     REC.lengths.append([len(ids) for ids in completion_ids])
-    return [float(c.count("e")) for c in completions]
+    # Conversational prompts get completions as a list of messages (the assistant's one).
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [float(t.count("e")) for t in texts]
 
 
 class TimedRLOOTrainer(RLOOTrainer):
@@ -214,7 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     ap.add_argument("--gradient-checkpointing", action="store_true", help="TRL's default; off here (see docstring)")
     ap.add_argument("--json", action="store_true", help="also print one JSON line with the summary")
+    ap.add_argument("--model", help="Hugging Face causal-LM folder to time instead of the tiny model")
+    ap.add_argument("--tokenizer", help="tokenizer folder, with --model (default: the model's)")
+    ap.add_argument("--precision", choices=PRECISIONS, default="fp32", help="bf16: RLOOConfig(bf16=True)")
     args = ap.parse_args(argv)
+    if args.tokenizer and not args.model:
+        ap.error("--tokenizer needs --model")
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
 
@@ -228,18 +249,29 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="trl-rloo-bench-") as tmp:
         tmp_path = Path(tmp)
-        tokenizer = build_tokenizer(rng)
-        policy = build_policy(tokenizer)
-        n_params = sum(p.numel() for p in policy.parameters())
-        # TRL builds the reference model from the policy's checkpoint path, so the policy goes through a folder.
-        model_dir = tmp_path / "policy"
-        policy.save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
-        del policy
-
-        prompts = build_prompts(rng, PROMPTS_PER_STEP * total_steps)
-        prompt_lens = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
-        dataset = Dataset.from_dict({"prompt": prompts})
+        if args.model:
+            model_dir = Path(args.model)
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model, padding_side="left")
+            prompts = generic_prompts(PROMPTS_PER_STEP * total_steps)
+            if tokenizer.chat_template:
+                chats = [[{"role": "user", "content": p}] for p in prompts]
+                texts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
+                prompt_lens = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+                dataset = Dataset.from_dict({"prompt": chats})  # conversational: TRL applies the chat template
+            else:
+                prompt_lens = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
+                dataset = Dataset.from_dict({"prompt": prompts})
+        else:
+            tokenizer = build_tokenizer(rng)
+            policy = build_policy(tokenizer)
+            # TRL builds the reference model from the policy's checkpoint path, so the policy goes through a folder.
+            model_dir = tmp_path / "policy"
+            policy.save_pretrained(model_dir)
+            tokenizer.save_pretrained(model_dir)
+            del policy
+            prompts = build_prompts(rng, PROMPTS_PER_STEP * total_steps)
+            prompt_lens = [len(ids) for ids in tokenizer(prompts)["input_ids"]]
+            dataset = Dataset.from_dict({"prompt": prompts})
 
         config = RLOOConfig(
             output_dir=str(tmp_path / "out"),
@@ -253,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             beta=BETA,
             learning_rate=1e-5,
             max_steps=total_steps,
-            bf16=False,
+            bf16=args.precision == "bf16",  # TRL's mixed precision: float32 weights, bfloat16 autocast
             fp16=False,
             use_cpu=True,
             gradient_checkpointing=args.gradient_checkpointing,
@@ -280,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             callbacks=[timer],
         )
         trainer.remove_callback(PrinterCallback)  # it prints the final metrics dict: not wanted here
+        n_params = sum(p.numel() for p in trainer.model.parameters())
         ref_desc = "none"
         if trainer.ref_model is not None:
             ref = trainer.ref_model
@@ -311,10 +344,13 @@ def main(argv: list[str] | None = None) -> int:
         f"TRL {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
         f"threads {threads_seen}"
     )
-    print(
-        f"policy: Llama hidden {HIDDEN}, {LAYERS} layers, {HEADS} heads, intermediate {INTERMEDIATE}, "
-        f"vocab {len(tokenizer)}, {n_params:,} params, fp32"
-    )
+    if args.model:
+        print(f"policy: {args.model}, vocab {len(tokenizer)}, {n_params:,} params, {args.precision}")
+    else:
+        print(
+            f"policy: Llama hidden {HIDDEN}, {LAYERS} layers, {HEADS} heads, intermediate {INTERMEDIATE}, "
+            f"vocab {len(tokenizer)}, {n_params:,} params, {args.precision}"
+        )
     print(f"reference model: {ref_desc}")
     print(
         f"per step: {PROMPTS_PER_STEP} prompts x {SAMPLES_PER_PROMPT} = {batch} samples (rows seen by the reward: "
@@ -349,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             json.dumps(
                 {
+                    "model": args.model or "tiny",
+                    "precision": args.precision,
                     "s_per_step": round(s_per_step, 4),
                     "samples_per_s": round(batch / s_per_step, 2),
                     "tokens_per_s": round(tokens_per_step / s_per_step, 1),

@@ -1,7 +1,8 @@
 """The benchmarks' shared tiny model: the issue's Llama shape (hidden 128, 4 layers, 4 heads, vocab 512) and a
 byte-level BPE tokenizer trained on a synthetic corpus, built offline. Imported by bench/rloo_step.py and
 bench/reward_server.py and bench/scaling.py (bench/trl_rloo_step.py runs in TRL's own environment and keeps its own
-copy), as is `timed_steps`, the timing loop of Aligner's trainer.
+copy), as is `timed_steps`, the timing loop of Aligner's trainer. `generic_prompts`, the prompts of a real model's
+workload (`--model`), is plain Python and shared with bench/trl_rloo_step.py and bench/generate.py.
 """
 
 from __future__ import annotations
@@ -10,6 +11,33 @@ import time
 
 VOCAB = 512
 SHAPE = dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4)
+# The one workload shape every step benchmark times, Aligner's and TRL's alike.
+PROMPTS, SAMPLES, NEW_TOKENS = 8, 4, 32
+PRECISIONS = ("fp32", "bf16")
+_TASKS = [
+    "Write a short poem about {}.",
+    "Explain {} to a child.",
+    "Give three facts about {}.",
+    "Describe {} in one sentence.",
+    "Tell a short story about {}.",
+    "What is the best thing about {}?",
+]
+_TOPICS = ["the sea", "autumn", "coffee", "the moon", "trains", "bees", "rain", "mountains", "libraries", "bicycles"]
+
+
+def generic_prompts(n: int) -> list[str]:
+    """`n` short generic English prompts for a real model (`--model`), the same list on every call."""
+    pool = [task.format(topic) for topic in _TOPICS for task in _TASKS]
+    return [pool[(i * 7) % len(pool)] for i in range(n)]  # 7 is coprime with the pool's 60: no repeat before 60
+
+
+def parse_precisions(text: str) -> list[str]:
+    """`--precision fp32`, `bf16` or a comma list of them (each is timed on both sides of a comparison)."""
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in names if p not in PRECISIONS]
+    if not names or bad or len(set(names)) != len(names):
+        raise ValueError(f"--precision {text!r}: expected one or more of {', '.join(PRECISIONS)}, comma-separated")
+    return names
 
 
 def bpe_tokenizer(corpus: list[str], vocab_size: int = VOCAB):
