@@ -50,7 +50,11 @@ def build_generator(config: TrainConfig, model: nn.Module, tokenizer, eos_ids: l
             config.generation,
             eos_ids,
             dtype=weights_dtype or next(model.parameters()).dtype,
-            max_model_len=config.data.max_prompt_length + config.generation.max_new_tokens,
+            # Never past the model's own context: vLLM refuses a max_model_len beyond max_position_embeddings.
+            max_model_len=min(
+                config.data.max_prompt_length + config.generation.max_new_tokens,
+                getattr(model.config, "max_position_embeddings", None) or 1 << 30,
+            ),
             seed=config.seed,
             device=device,
             tokenizer_path=config.model.tokenizer_path,
