@@ -4,8 +4,8 @@
 
 Each line is `{"prompt": "...", "answer": N}`; the reward `aligner.rewards.verifiable:numeric_match` scores 1 when
 the last number of a response is N (configs/smollm2_arithmetic.yaml). The problems are drawn with a fixed seed, so
-the files are the same on every run; no problem (its operands and operator) is in both files, so validation
-measures held-out accuracy.
+the files are the same on every run; no problem of validation (its operands and operator; a + b and b + a count
+as one) is in training, so validation measures held-out accuracy.
 """
 
 from __future__ import annotations
@@ -22,46 +22,57 @@ NUM_TRAIN = 1000
 NUM_VAL = 128
 TEMPLATE = "What is {a} {op} {b}? Give only the number."
 
-# Share of each kind of problem, with the range of each operand. SmolLM2-135M-Instruct, sampled at temperature 0.5,
-# gets about half of the one-digit sums right and a tenth of the rest (often by talking past its 16 new tokens):
-# a start well below the ceiling that RL can raise.
+# Kinds of problem, each with its share and the ranges of its operands. SmolLM2-135M-Instruct, sampled at
+# temperature 0.5, gets about half of the one-digit sums right and a tenth of the two-digit ones (often by talking
+# past its 16 new tokens): a start well below the ceiling that RL can raise.
 KINDS = (
-    # (weight, operator, range of a, range of b)
-    (2, "+", (1, 9), (1, 9)),
-    (3, "+", (10, 99), (1, 9)),
-    (2, "-", (10, 99), (1, 9)),
+    # (share, operator, range of a, range of b)
+    (1, "+", (1, 9), (1, 9)),
+    (2, "-", (2, 18), (1, 9)),
+    (2, "+", (10, 99), (1, 9)),
     (1, "+", (10, 99), (10, 99)),
 )
 
 
-def problem(rng: random.Random) -> tuple[int, str, int]:
-    """(a, operator, b), subtractions never below zero."""
-    _, op, a_range, b_range = rng.choices(KINDS, weights=[k[0] for k in KINDS])[0]
-    a, b = rng.randint(*a_range), rng.randint(*b_range)
-    if op == "-" and b > a:
-        a, b = b, a
-    return a, op, b
+def pool(op: str, a_range: tuple[int, int], b_range: tuple[int, int]) -> list[tuple[int, str, int]]:
+    """Every distinct problem of a kind, sorted: a + b and b + a are one problem, a - b is never below zero."""
+    problems = set()
+    for a in range(a_range[0], a_range[1] + 1):
+        for b in range(b_range[0], b_range[1] + 1):
+            if op == "+":
+                problems.add((min(a, b), op, max(a, b)))
+            elif a >= b:
+                problems.add((a, op, b))
+    return sorted(problems)
 
 
 def answer(a: int, op: str, b: int) -> int:
     return a + b if op == "+" else a - b
 
 
+def record(problem: tuple[int, str, int], rng: random.Random) -> dict:
+    a, op, b = problem
+    if op == "+" and rng.random() < 0.5:
+        a, b = b, a
+    return {"prompt": TEMPLATE.format(a=a, op=op, b=b), "answer": answer(*problem)}
+
+
 def make_splits(num_train: int, num_val: int, seed: int = SEED) -> tuple[list[dict], list[dict]]:
-    """Distinct problems (a + b and b + a count as one), the first num_val for validation: no problem is in both
-    splits."""
+    """Both splits with the kinds' shares; validation's problems are distinct and none is in training. The small
+    kinds (45 one-digit sums, 21 of them for validation) have too few problems to fill the training share once each: training lines are drawn
+    with replacement from what validation left."""
     rng = random.Random(seed)
-    seen: set[tuple[int, str, int]] = set()
-    problems = []
-    while len(problems) < num_train + num_val:
-        p = problem(rng)
-        a, op, b = p
-        key = (min(a, b), op, max(a, b)) if op == "+" else p  # 12 + 34 and 34 + 12 are one problem
-        if key not in seen:
-            seen.add(key)
-            problems.append(p)
-    records = [{"prompt": TEMPLATE.format(a=a, op=op, b=b), "answer": answer(a, op, b)} for a, op, b in problems]
-    return records[num_val:], records[:num_val]
+    total = sum(k[0] for k in KINDS)
+    train, val = [], []
+    for share, op, a_range, b_range in KINDS:
+        problems = pool(op, a_range, b_range)
+        rng.shuffle(problems)
+        n_val = round(num_val * share / total)
+        val += [record(p, rng) for p in problems[:n_val]]
+        train += [record(rng.choice(problems[n_val:]), rng) for _ in range(round(num_train * share / total))]
+    rng.shuffle(train)
+    rng.shuffle(val)
+    return train, val
 
 
 def write_jsonl(records: list[dict], path: Path) -> None:

@@ -34,8 +34,13 @@ def test_files_are_deterministic_disjoint_and_correct(tmp_path):
     read = lambda name: [json.loads(line) for line in (tmp_path / "a" / name).read_text().splitlines()]  # noqa: E731
     train, val = problems(read("arithmetic_train.jsonl")), problems(read("arithmetic_val.jsonl"))
     assert (len(train), len(val)) == (300, 40)
-    # No problem twice, and none of validation's in training (12 + 34 and 34 + 12 are one problem).
-    assert len(set(train) | set(val)) == 340
+    # Validation's problems are distinct and none is in training (12 + 34 and 34 + 12 are one problem).
+    assert len(set(val)) == 40
+    assert not set(val) & set(train)
+    # Both splits hold every kind: one-digit sums, differences, two-digit sums.
+    for split in (train, val):
+        assert {op for _, op, _ in split} == {"+", "-"}
+        assert any(b < 10 for _, op, b in split if op == "+") and any(a >= 10 for a, op, _ in split if op == "+")
 
 
 def test_another_seed_draws_other_problems():
