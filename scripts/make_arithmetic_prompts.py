@@ -58,9 +58,11 @@ def record(problem: tuple[int, str, int], rng: random.Random) -> dict:
 
 
 def make_splits(num_train: int, num_val: int, seed: int = SEED) -> tuple[list[dict], list[dict]]:
-    """Both splits with the kinds' shares; validation's problems are distinct and none is in training. The small
-    kinds (45 one-digit sums, 21 of them for validation) have too few problems to fill the training share once each: training lines are drawn
-    with replacement from what validation left."""
+    """Both splits with the kinds' shares; validation's problems are distinct and none is in training.
+
+    The small kinds (45 one-digit sums, 21 of them for validation) have too few problems to fill the training share
+    once each: training lines are drawn with replacement from what validation left.
+    """
     rng = random.Random(seed)
     total = sum(k[0] for k in KINDS)
     train, val = [], []
