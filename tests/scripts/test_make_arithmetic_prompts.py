@@ -52,3 +52,22 @@ def test_committed_files_are_the_scripts_output():
     for name, records in (("arithmetic_train.jsonl", train), ("arithmetic_val.jsonl", val)):
         lines = (ROOT / "configs" / "prompts" / name).read_text().splitlines()
         assert [json.loads(line) for line in lines] == records
+
+
+def test_shipped_config_scores_the_answers_of_its_files():
+    """configs/smollm2_arithmetic.yaml reads these files, and its reward gives 1 to the answer, 0 to a wrong one
+    and to one whose last number is wrong."""
+    from aligner.config import load_config
+    from aligner.data.prompts import read_prompt_file
+    from aligner.rewards.local import FunctionRewardClient
+
+    config = load_config(ROOT / "configs" / "smollm2_arithmetic.yaml")
+    records = read_prompt_file(config.data.val_file)[:4]
+    client = FunctionRewardClient(config.reward.function, config.reward.function_args)
+    metadata = [r.metadata for r in records]
+    answers = [str(m["answer"]) for m in metadata]
+    prompts = [r.text for r in records]
+    right = client.submit(prompts, answers, metadata).result()
+    wrong = client.submit(prompts, [str(int(a) + 1) for a in answers], metadata).result()
+    talk = client.submit(prompts, [f"{a}, or rather {int(a) + 1}" for a in answers], metadata).result()
+    assert list(right) == [1.0] * 4 and list(wrong) == [0.0] * 4 and list(talk) == [0.0] * 4
