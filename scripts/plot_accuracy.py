@@ -2,9 +2,9 @@
 
     .venv/bin/python scripts/plot_accuracy.py runs/smollm2_arithmetic --out docs/smollm2-arithmetic.png
 
-Reads RUN_DIR/metrics.jsonl. The minutes on the upper axis are the sum of the steps' and validations' timers
-(timers/*), i.e. the run's time since its first validation; model loading and a compilation come before. Drawn
-with Pillow (no plotting library needed).
+Reads RUN_DIR/metrics.jsonl. The minutes on the upper axis add up the steps' wall times (timers/step, which
+include their validations): the run's time after its first validation, which comes after the model loads (and a
+compilation). Drawn with Pillow (no plotting library needed).
 """
 
 from __future__ import annotations
@@ -16,16 +16,17 @@ from pathlib import Path
 from PIL import Image, ImageDraw, ImageFont
 
 METRIC = "val/rewards"
+STEP_TIMER = "timers/step"  # a step's wall time, its validation included
 WIDTH, HEIGHT, MARGIN = 900, 520, 80
 LINE, GRID, TEXT = (31, 119, 180), (225, 225, 225), (40, 40, 40)
 
 
 def read_curve(run_dir: Path, metric: str = METRIC) -> list[tuple[int, float, float]]:
-    """(step, minutes, value) of each validation; minutes from the timers of every line up to it."""
+    """(step, minutes, value) of each validation; minutes: the steps' wall times (timers/step) summed up to it."""
     curve, seconds = [], 0.0
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
-        seconds += sum(v for k, v in row.items() if k.startswith("timers/") and k.count("/") == 1)
+        seconds += row.get(STEP_TIMER, 0.0)
         if metric in row:
             curve.append((row["step"], seconds / 60, row[metric]))
     return curve
