@@ -36,7 +36,7 @@ def draw(curve: list[tuple[int, float, float]], title: str, out: Path) -> None:
     img = Image.new("RGB", (WIDTH, HEIGHT), "white")
     d = ImageDraw.Draw(img)
     font, small = ImageFont.load_default(size=18), ImageFont.load_default(size=14)
-    x0, y0, x1, y1 = MARGIN, MARGIN, WIDTH - MARGIN // 2, HEIGHT - MARGIN
+    x0, y0, x1, y1 = MARGIN + 40, MARGIN, WIDTH - MARGIN // 2, HEIGHT - MARGIN  # room for the axis label
     max_step = max(step for step, _, _ in curve) or 1
     top = min(1.0, max(0.5, max(v for _, _, v in curve) + 0.1))
     px = lambda step: x0 + (x1 - x0) * step / max_step  # noqa: E731
@@ -55,7 +55,7 @@ def draw(curve: list[tuple[int, float, float]], title: str, out: Path) -> None:
     d.text((WIDTH // 2, 12), title, fill=TEXT, font=font, anchor="mt")
     d.text(((x0 + x1) // 2, y1 + 34), "step", fill=TEXT, font=font, anchor="mt")
     d.text(((x0 + x1) // 2, y0 - 30), "minutes", fill=TEXT, font=small, anchor="mb")
-    d.text((16, (y0 + y1) // 2), "held-out\naccuracy", fill=TEXT, font=small, anchor="lm")
+    d.text((12, (y0 + y1) // 2), "held-out\naccuracy", fill=TEXT, font=small, anchor="lm")
     out.parent.mkdir(parents=True, exist_ok=True)
     img.save(out)
 
