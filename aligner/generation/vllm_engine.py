@@ -12,7 +12,10 @@ memory and the thread caveat: docs/generation.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -102,17 +105,18 @@ class VllmGenerator:
         self._shared_group = dist.is_initialized()
         launcher = dict(distributed_executor_backend="external_launcher") if self._shared_group else {}
         try:
-            self.llm = LLM(
-                model=str(policy_path),
-                tokenizer=str(tokenizer_path or policy_path),  # vLLM decodes, to find end strings
-                dtype=VLLM_DTYPES[dtype],
-                seed=seed,
-                max_model_len=max_model_len,
-                kv_cache_memory_bytes=kv_mb * MIB,
-                enforce_eager=config.compile is not True,
-                logprobs_mode="raw_logprobs",
-                **launcher,
-            )
+            with _globals_hasattr_cannot_read():
+                self.llm = LLM(
+                    model=str(policy_path),
+                    tokenizer=str(tokenizer_path or policy_path),  # vLLM decodes, to find end strings
+                    dtype=VLLM_DTYPES[dtype],
+                    seed=seed,
+                    max_model_len=max_model_len,
+                    kv_cache_memory_bytes=kv_mb * MIB,
+                    enforce_eager=config.compile is not True,
+                    logprobs_mode="raw_logprobs",
+                    **launcher,
+                )
         finally:
             torch.set_num_threads = set_num_threads
             torch.set_num_threads(threads)
@@ -224,3 +228,28 @@ def check_engine_fits(policy_path: str | Path, device: torch.device) -> None:
             f"generation.engine vllm: the policy's attention head size {head} is not one vLLM's CPU kernels support "
             f"({sizes}); use generation.engine torch or hf"
         )
+
+
+@contextlib.contextmanager
+def _globals_hasattr_cannot_read() -> Iterator[None]:
+    """Hide, while vLLM starts, the module globals on which `hasattr` raises instead of answering.
+
+    vLLM's CPU platform rebinds Triton kernels by scanning every loaded module's globals with `hasattr(value,
+    "__dict__")`, which only swallows AttributeError. A proxy such as Flask's `current_app` raises RuntimeError outside
+    an application context, so any process that has imported Flask (the service's worker, the test suite) could not
+    start an engine. Those globals are set to None for the scan and put back afterwards.
+    """
+    hidden = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None) or {}
+        for name, value in list(namespace.items()):
+            try:
+                hasattr(value, "__dict__")
+            except Exception:  # noqa: BLE001 - exactly what vLLM's scan would trip on
+                hidden.append((namespace, name, value))
+                namespace[name] = None
+    try:
+        yield
+    finally:
+        for namespace, name, value in hidden:
+            namespace[name] = value

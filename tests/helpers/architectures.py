@@ -45,8 +45,8 @@ def tiny_causal_lm(architecture: str, tokenizer, seed: int = 0, **overrides):
     return builders[architecture]()
 
 
-def save_tiny_causal_lm(architecture: str, tokenizer, out_dir: Path) -> Path:
+def save_tiny_causal_lm(architecture: str, tokenizer, out_dir: Path, **overrides) -> Path:
     """`tiny_causal_lm` and the tokenizer saved as a Hugging Face folder (a policy_path)."""
-    tiny_causal_lm(architecture, tokenizer).save_pretrained(str(out_dir))
+    tiny_causal_lm(architecture, tokenizer, **overrides).save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return out_dir
