@@ -102,7 +102,8 @@ class VllmGenerator:
         # Under torchrun each rank runs its own engine (tensor parallel size 1) on the process group torchrun set up:
         # vLLM's "external launcher" joins that group instead of making its own, and the ranks' engines run
         # independently (different prompts, different numbers of calls). Alone, vLLM makes a group of one.
-        self._shared_group = dist.is_initialized()
+        # A group without torchrun's environment is another engine's own group of one (a benchmark comparing two).
+        self._shared_group = dist.is_initialized() and "RANK" in os.environ
         launcher = dict(distributed_executor_backend="external_launcher") if self._shared_group else {}
         try:
             with _globals_hasattr_cannot_read():
