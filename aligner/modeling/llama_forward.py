@@ -44,7 +44,14 @@ def supports_fast_forward(model: nn.Module) -> bool:
 
 
 def llama_grouped_logits(model: nn.Module, batch) -> torch.Tensor:
-    """Float32 logits [B, T, V] predicting each response token of `batch` (a `ResponseBatch`).
+    """Float32 logits [B, T, V] predicting each response token of `batch` (a `ResponseBatch`)."""
+    head = model.lm_head
+    return F.linear(llama_grouped_hidden(model, batch), head.weight, head.bias).float()
+
+
+def llama_grouped_hidden(model: nn.Module, batch) -> torch.Tensor:
+    """The final normalised hidden states [B, T, H] that the vocabulary projection (`model.lm_head`) turns into the
+    logits predicting each response token of `batch` (a `ResponseBatch`).
 
     Row layout of the flat token matrix: the G left-padded prompts (G x P), then the B responses without their last
     token (B x (T - 1)); response b attends to its prompt's keys (`batch.group[b]`) and, causally, to its own.
@@ -100,8 +107,8 @@ def llama_grouped_logits(model: nn.Module, batch) -> torch.Tensor:
     prompt_x, response_x = x.split(rows)
     last = prompt_x.view(num_prompts, prompt_len, -1)[:, -1].index_select(0, group)[:, None]
     hidden = torch.cat([last, response_x.view(num_responses, fed, x.shape[-1])], dim=1)
-    norm, head = inner.norm, model.lm_head
-    return F.linear(rms_normalize(hidden, norm.variance_epsilon), head.weight * norm.weight, head.bias).float()
+    # The norm's weight scales the hidden states, not the [V, H] projection: B x T rows are fewer than V.
+    return rms_normalize(hidden, inner.norm.variance_epsilon) * inner.norm.weight
 
 
 def _attention_biases(prompt_mask: torch.Tensor, group: torch.Tensor, fed_mask: torch.Tensor, dtype: torch.dtype):
