@@ -192,7 +192,10 @@ class _LinearTokenLogprobs(torch.autograd.Function):
             # d out_i / d logits_i = onehot(t_i) - softmax_i; the target's entry 1 - p_t from out itself, in float32,
             # where the kept softmax would round it (p_t near 1 leaves a small difference of two rounded numbers).
             grad_logits = probs.mul_(-grad[:, None].to(probs.dtype))
-            grad_logits.scatter_(1, targets[:, None], (grad * -torch.expm1(out))[:, None].to(probs.dtype))
+            # Indexing, not scatter_, which converts a whole bfloat16 tensor to float32 and back on the CPU.
+            grad_logits[torch.arange(len(targets), device=targets.device), targets] = (grad * -torch.expm1(out)).to(
+                probs.dtype
+            )
             hidden_dtype, weight_dtype = ctx.dtypes
             grad_hidden = (grad_logits @ w).to(hidden_dtype) if ctx.needs_input_grad[0] else None
             grad_weight = (grad_logits.t() @ h).to(weight_dtype) if ctx.needs_input_grad[1] else None

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from aligner.config import GenerationConfig
-from aligner.generation.generator import TorchGenerator
+from aligner.generation.generator import TorchGenerator, contiguous_head_input
 from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer
 from aligner.modeling.logprobs import response_logprobs
 
@@ -269,3 +269,23 @@ def test_bfloat16_weights_copy_samples_with_the_policys_current_weights(policy, 
         assert gap() < 0.03
     finally:
         model.load_state_dict(original)
+
+
+def test_the_prefill_projects_the_last_positions_as_one_contiguous_matrix(policy):
+    """transformers hands the head a strided slice for logits_to_keep=1, which torch's matmul multiplies against a
+    copy of the weight per prompt; within `contiguous_head_input` it gets the rows themselves, and the same logits."""
+    model, _ = policy
+    ids = torch.randint(3, model.config.vocab_size, (3, 7), generator=torch.Generator().manual_seed(0))
+    seen = []
+    probe = model.lm_head.register_forward_hook(lambda _, args, out: seen.append(args[0].is_contiguous()))
+    try:
+        with torch.no_grad():
+            plain = model(input_ids=ids, logits_to_keep=1).logits
+            with contiguous_head_input(model):
+                fixed = model(input_ids=ids, logits_to_keep=1).logits
+            after = model(input_ids=ids, logits_to_keep=1).logits
+    finally:
+        probe.remove()
+    assert seen == [False, True, False]  # the hook is gone once the block ends
+    torch.testing.assert_close(fixed, plain, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(after, plain, rtol=0, atol=0)
