@@ -14,6 +14,8 @@ import pytest
 import torch
 from filelock import FileLock
 
+from tests.helpers.architectures import TINY_SHAPE, tokenizer_fields
+
 CORPUS = [
     "the cat is happy and kind.",
     "the dog is sad and slow.",
@@ -54,18 +56,7 @@ def build_tiny_policy(out_dir: Path, chat_template: bool = True, seed: int = 0) 
     if chat_template:
         tokenizer.chat_template = CHAT_TEMPLATE
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    config = LlamaConfig(**TINY_SHAPE, **tokenizer_fields(tokenizer))
     model = LlamaForCausalLM(config)
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))

@@ -989,6 +989,7 @@ class ReinforceTrainer:
     def load_checkpoint(self, path: Path) -> None:
         """Restore everything a step depends on from the checkpoint folder `path`."""
         self._apply_checkpoint(path, self._read_checkpoint(path))
+        self.generator.update_weights(self.policy)  # an engine with its own weights copy (vllm) takes the checkpoint's
 
     def _read_checkpoint(self, path: Path) -> dict[str, Any]:
         """Every file of checkpoint `path` this rank needs, read before anything is restored: a file that cannot be
@@ -1018,7 +1019,6 @@ class ReinforceTrainer:
             load_adapter(self.policy, path / ADAPTER_DIR, loaded.pop("weights"))
         else:
             self.policy.load_state_dict(loaded.pop("weights"))
-        self.generator.update_weights(self.policy)  # an engine with its own weights copy (vllm) takes the checkpoint's
         if self.uses_megatron:
             from aligner.modeling import megatron as mb
 

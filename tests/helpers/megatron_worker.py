@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import megatron_shim  # noqa: E402
+from architectures import TINY_SHAPE  # noqa: E402
 
 megatron_shim.install()
 
@@ -38,12 +39,7 @@ def tiny_llama(tied_and_biased: bool):
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=300,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
+        **TINY_SHAPE,
         tie_word_embeddings=tied_and_biased,
         attention_bias=tied_and_biased,
         mlp_bias=tied_and_biased,

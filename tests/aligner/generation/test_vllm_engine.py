@@ -22,6 +22,7 @@ from aligner.generation.vllm_engine import VllmGenerator  # noqa: E402
 from aligner.modeling.hf import load_policy, load_tokenizer  # noqa: E402
 from aligner.modeling.logprobs import grouped_response_logprobs  # noqa: E402
 from tests.conftest import build_tiny_policy  # noqa: E402
+from tests.helpers.architectures import tiny_causal_lm  # noqa: E402
 
 ARCHS = ["llama", "qwen2", "gemma"]
 MAX_MODEL_LEN = 64
@@ -34,20 +35,8 @@ EXTRA_END_IDS = list(range(100, 150))
 
 def tiny_model(arch: str, tokenizer):
     """A two-layer model of `arch` with head size 32 (vLLM's CPU attention has no smaller one)."""
-    import transformers
-
-    common = dict(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
-    config_class, model_class = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "gemma": (transformers.GemmaConfig, transformers.GemmaForCausalLM),
-    }[arch]
-    torch.manual_seed(0)
-    return model_class(config_class(**common))
+    shape = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    return tiny_causal_lm(arch, tokenizer, **shape)
 
 
 @pytest.fixture(scope="module")
