@@ -1,4 +1,4 @@
-"""bench/chaos.py, shortened: a stack on PostgreSQL and a RabbitMQ node of its own, four jobs over the API, and every
+"""bench/chaos.py, shortened: a stack on PostgreSQL and a RabbitMQ node of its own, three jobs over the API, and every
 fault (a worker SIGKILLed, another SIGTERMed, the broker restarted, a trainer killed, the reward server away for a
 few seconds); each job succeeds exactly once, with each (step, metric) row once and no step missing."""
 
@@ -20,14 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_every_job_succeeds_exactly_once_through_the_faults():
     require_postgres()
-    command = [sys.executable, "bench/chaos.py", "--jobs", "4", "--steps", "24", "--reward-outage", "5", "--json"]
+    command = [sys.executable, "bench/chaos.py", "--jobs", "3", "--steps", "16", "--reward-outage", "5", "--json"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.stdout.strip(), done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     print(done.stdout)
-    assert result["jobs"] == 4
-    assert result["succeeded_once"] == 4, result["not_succeeded"]
+    assert result["jobs"] == 3
+    assert result["succeeded_once"] == 3, result["not_succeeded"]
     assert result["duplicate_metric_rows"] == 0 and result["missing_steps"] == 0
     done_faults = {f["fault"] for f in result["faults"]}
     assert {"sigkill-worker", "sigterm-worker", "restart-broker"} <= done_faults, result["faults"]
