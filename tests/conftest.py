@@ -1,5 +1,5 @@
 """Shared fixtures: a tiny tokenizer and Llama policy built locally from configs (no model hub). Files with the most
-slow tests run first (`pytest_collection_modifyitems`)."""
+slow seconds run first (`pytest_collection_modifyitems`)."""
 
 from __future__ import annotations
 
@@ -31,11 +31,20 @@ CHAT_TEMPLATE = (
 )
 
 
+# Seconds a slow test counts for in the ordering below unless its marker says more (`@pytest.mark.slow(90)`).
+SLOW_TEST_SECONDS = 10
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """Files with more slow tests first, each file's tests kept together and in order. `make test` hands whole files
-    to two xdist workers in collection order (--dist loadfile): long files started last would leave one worker
-    running alone at the end, while started first they overlap with the many short ones."""
-    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    """Files with the most slow seconds first, each file's tests kept together and in order. `make test` hands whole
+    files to two xdist workers in collection order (--dist loadfile): long files started last would leave one worker
+    running alone at the end, while started first they overlap with the many short ones. A slow test counts
+    `SLOW_TEST_SECONDS`, or the seconds its marker gives (the longest ones, from `make test`'s --durations)."""
+    slow = Counter()
+    for item in items:
+        marker = item.get_closest_marker("slow")
+        if marker:
+            slow[item.path] += marker.args[0] if marker.args else SLOW_TEST_SECONDS
     items.sort(key=lambda item: -slow[item.path])  # stable: files keep their order among equals
 
 

@@ -17,7 +17,7 @@ from tests.helpers.databases import require_postgres
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(90)
 def test_every_job_succeeds_exactly_once_through_the_faults():
     require_postgres()
     command = [sys.executable, "bench/chaos.py", "--jobs", "3", "--steps", "16", "--reward-outage", "5", "--json"]

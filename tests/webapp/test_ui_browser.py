@@ -19,7 +19,7 @@ import pytest
 from tests.helpers.browser import ARTIFACTS, ROOT, choose, chromium, fill, text, upload_prompts, wait_text
 
 
-@pytest.mark.slow
+@pytest.mark.slow(45)
 def test_dashboard_signs_in_submits_follows_and_cancels(browser_stack, tmp_path, tiny_policy_dir):
     ARTIFACTS.mkdir(exist_ok=True)
     prompts = tmp_path / "prompts.jsonl"

@@ -21,7 +21,7 @@ from webapp.ui import catalogue, form
 from webapp.ui.api import Api
 
 
-@pytest.mark.slow
+@pytest.mark.slow(60)
 def test_job_page_charts_compare_answers_side_by_side_and_a_length_hacking_alarm(
     tmp_path, tiny_policy_dir, demo_assets_dir
 ):

@@ -369,7 +369,7 @@ def test_the_recovery_sweep_kills_a_lost_workers_critic_server_and_nothing_else(
                 proc.wait()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(35)
 def test_a_sigkilled_celery_worker_leaves_a_critic_that_the_next_worker_kills(
     pg_available, redis_url, tmp_path, fake_trainer, ppo_config
 ):

@@ -47,7 +47,7 @@ def test_bf16_mixed_resume_equals_straight_run(run_config):
     assert rewards[0] == rewards[1]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(50)
 def test_bf16_mixed_learns_the_demo_task_as_fp32_does(demo_assets_dir, tmp_path):
     """The demo task, 3 seeds in each precision: the mean gain in reward (last 10 steps over the first 10) of
     bf16-mixed is within the noise of fp32's seeds, and every run gains."""
