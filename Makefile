@@ -40,7 +40,7 @@ demo: setup
 # contend for them (a contended torch thread pool is many times slower). A test that wants more threads says so.
 test: setup
 	$(BIN)/ruff check .
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 lint: setup
 	$(BIN)/ruff check .

@@ -71,7 +71,7 @@ def try_reward(config: TrainConfig, num_prompts: int = 4, num_samples: int = 4) 
     "generate_s", "score_s", "max_length"}} (timings: what a step-time estimate scales from)."""
     from aligner.data.prompts import build_prompt_dataset, read_prompt_file
     from aligner.generation.engines import build_generator
-    from aligner.modeling.device import resolve_device
+    from aligner.modeling.device import bf16_emulation, resolve_device
     from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer, quiet_transformers
     from aligner.rewards.build import build_reward_client
 
@@ -101,7 +101,8 @@ def try_reward(config: TrainConfig, num_prompts: int = 4, num_samples: int = 4) 
             config.model_copy(update={"generation": generation}), policy, tokenizer, eos_token_ids(policy, tokenizer)
         )
         loaded = time.perf_counter()
-        gen = generator.generate(data.token_ids, num_samples, seed=config.seed)
+        with bf16_emulation(config.model.precision, device):
+            gen = generator.generate(data.token_ids, num_samples, seed=config.seed)
         generated = time.perf_counter()
         group_ids = gen.group_ids.cpu()
         prompts = [data.texts[int(g)] for g in group_ids]

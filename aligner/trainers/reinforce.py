@@ -72,7 +72,14 @@ from aligner.errors import ConfigError, RunDirError, ServerUnavailableError
 from aligner.generation.engines import build_generator
 from aligner.generation.generator import GenerationOutput, _concat, resolve_compile
 from aligner.modeling.batches import ResponseBatch
-from aligner.modeling.device import autocast, bf16_is_fast, compute_dtype, keep_freed_memory, resolve_device
+from aligner.modeling.device import (
+    autocast,
+    bf16_emulation,
+    bf16_is_fast,
+    compute_dtype,
+    keep_freed_memory,
+    resolve_device,
+)
 from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer, quiet_transformers, save_policy
 from aligner.modeling.logprobs import grouped_response_logprobs
 from aligner.modeling.lora import (
@@ -200,8 +207,8 @@ class ReinforceTrainer:
             keep_freed_memory()
         if cfg.model.precision == "bf16-mixed" and not bf16_is_fast(self.device) and distributed.is_main():
             print(
-                f"model.precision bf16-mixed: {self.device} has no bfloat16 hardware support; it runs emulated, "
-                "slower than fp32",
+                f"model.precision bf16-mixed: {self.device} has no bfloat16 kernels; its matrix products run in "
+                "float32 on bfloat16 inputs (the same results), no faster than fp32",
                 file=sys.stderr,
             )
         torch.manual_seed(cfg.seed)
@@ -386,7 +393,7 @@ class ReinforceTrainer:
             disable=not (cfg.progress_bar and distributed.is_main()),
             dynamic_ncols=True,
         )
-        with stop_on_signals(self):
+        with stop_on_signals(self), bf16_emulation(self.config.model.precision, self.device):
             if self.step == 0 and cfg.val_check_interval > 0:
                 try:
                     self.log.log_metrics(0, self.validate())
@@ -692,7 +699,10 @@ class ReinforceTrainer:
 
         def generate() -> tuple[GenerationOutput, float]:
             started = time.perf_counter()
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            with (
+                torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(),
+                bf16_emulation(self.config.model.precision, self.device),
+            ):
                 gen = self.generator.generate(prompts, k, seed)
             if stream is not None:
                 stream.synchronize()  # its tensors are complete before the training thread reads them

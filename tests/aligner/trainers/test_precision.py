@@ -2,11 +2,14 @@
 that matches fp32's within the noise between seeds."""
 
 import statistics
+import threading
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from aligner.modeling import device as device_module
+from aligner.modeling.device import BFloat16MatmulsInFloat32
 from aligner.trainers.run_log import read_jsonl
 from tests.helpers.training import train
 
@@ -47,7 +50,27 @@ def test_bf16_mixed_resume_equals_straight_run(run_config):
     assert rewards[0] == rewards[1]
 
 
-@pytest.mark.slow(50)
+def test_bf16_mixed_without_bfloat16_kernels_multiplies_in_float32_on_every_thread(run_config, monkeypatch, capsys):
+    """On a CPU without bfloat16 kernels the run's products (training, reference, validation, and the background
+    generator's with async rollouts) go through `BFloat16MatmulsInFloat32`."""
+    threads = set()
+    dispatch = BFloat16MatmulsInFloat32.__torch_dispatch__
+
+    def spy(self, func, types, args=(), kwargs=None):
+        if func in self.OPS:
+            threads.add(threading.current_thread().name)
+        return dispatch(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(device_module, "bf16_is_fast", lambda device: False)
+    monkeypatch.setattr(BFloat16MatmulsInFloat32, "__torch_dispatch__", spy)
+    trainer = train(run_config(model=MIXED, trainer={"max_steps": 3, "async_rollouts": 1}))
+    assert threads == {threading.current_thread().name, "aligner-rollouts_0"}
+    assert "has no bfloat16 kernels" in capsys.readouterr().err
+    rows = [r for r in read_jsonl(trainer.run_dir / "metrics.jsonl") if r["step"] > 0]
+    assert len(rows) == 3 and all(torch.isfinite(torch.tensor(r["train_optim/loss"])) for r in rows)
+
+
+@pytest.mark.slow(80)
 def test_bf16_mixed_learns_the_demo_task_as_fp32_does(demo_assets_dir, tmp_path):
     """The demo task, 3 seeds in each precision: the mean gain in reward (last 10 steps over the first 10) of
     bf16-mixed is within the noise of fp32's seeds, and every run gains."""
