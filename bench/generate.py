@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     from aligner.errors import AlignerError
     from aligner.generation.engines import build_generator
     from aligner.generation.generator import resolve_compile
-    from aligner.modeling.device import keep_freed_memory
+    from aligner.modeling.device import bf16_emulation, keep_freed_memory
     from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer, quiet_transformers
 
     torch.set_num_threads(2)
@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
         for r in range(args.warmup + args.rounds):
             for key, gen in gens.items():
                 start = time.perf_counter()
-                out = gen.generate(prompts, SAMPLES, seed=r)
+                with bf16_emulation(PRECISION_CONFIG[key[1]], device):  # as the trainer generates
+                    out = gen.generate(prompts, SAMPLES, seed=r)
                 elapsed = time.perf_counter() - start
                 start = time.perf_counter()
                 gen.update_weights(policy)
