@@ -39,8 +39,8 @@ def pytest_collection_modifyitems(config, items) -> None:
     """Files with the most slow seconds first, each file's tests kept together and in order. `make test` hands whole
     files to two xdist workers in collection order (--dist loadfile, with --no-loadscope-reorder: by default xdist
     puts the files with the most tests first): long files started last would leave one worker running alone at the
-    end, while started first they overlap with the many short ones. A slow test counts
-    `SLOW_TEST_SECONDS`, or the seconds its marker gives (the longest ones, from `make test`'s --durations)."""
+    end, while started first they overlap with the many short ones. A slow test counts `SLOW_TEST_SECONDS`, or the
+    seconds its marker gives (the longest ones, from `make test`'s --durations)."""
     slow = Counter()
     for item in items:
         marker = item.get_closest_marker("slow")

@@ -70,13 +70,16 @@ class BFloat16MatmulsInFloat32(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def emulates_bf16_products(precision: str, device: torch.device) -> bool:
+    """Whether `precision` computes in bfloat16 on a CPU without bfloat16 kernels (`bf16_emulation` applies)."""
+    return compute_dtype(precision) == torch.bfloat16 and device.type == "cpu" and not bf16_is_fast(device)
+
+
 def bf16_emulation(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """What `precision` computes under on `device`: `BFloat16MatmulsInFloat32` where it computes in bfloat16 on a CPU
-    without bfloat16 kernels, else nothing. A dispatch mode is the calling thread's own: every thread that runs the
-    model (a background generator's too) enters it."""
-    if compute_dtype(precision) == torch.bfloat16 and device.type == "cpu" and not bf16_is_fast(device):
-        return BFloat16MatmulsInFloat32()
-    return contextlib.nullcontext()
+    """What `precision` computes under on `device`: `BFloat16MatmulsInFloat32` where `emulates_bf16_products`, else
+    nothing. A dispatch mode is the calling thread's own: every thread that runs the model (a background generator's
+    too) enters it."""
+    return BFloat16MatmulsInFloat32() if emulates_bf16_products(precision, device) else contextlib.nullcontext()
 
 
 def resolve_device(name: str) -> torch.device:
