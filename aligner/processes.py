@@ -36,7 +36,9 @@ CHILD_ENV_ALLOWLIST = (
     "XDG_CACHE_HOME", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
     # accelerators, collectives, threads and the allocator
     "CUDA_*", "NVIDIA_*", "NCCL_*", "GLOO_*", "OMP_*", "KMP_*", "MKL_*", "OPENBLAS_*", "DNNL_*", "ONEDNN_*",
-    "MALLOC_*",
+    "MALLOC_*", "ATEN_CPU_CAPABILITY",
+    # what the CPU can do, as tests and users set it (aligner/modeling/cpu.py)
+    "ALIGNER_CPU_BF16",
     # torch (TORCH_*, TORCHELASTIC_*, TORCHINDUCTOR_*), its compiler, Hugging Face, PyTriton
     "TORCH*", "PYTORCH_*", "TRITON_*", "HF_*", "TRANSFORMERS_*", "TOKENIZERS_PARALLELISM", "PYTRITON_*",
 )  # fmt: skip

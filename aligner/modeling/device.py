@@ -9,6 +9,8 @@ import sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from aligner.modeling import cpu
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # model.precision -> the dtype computations run in (None: the weights' own dtype).
 COMPUTE_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16-mixed": torch.bfloat16}
@@ -28,13 +30,14 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def bf16_is_fast(device: torch.device) -> bool:
-    """Whether `device` multiplies bfloat16 in hardware: CUDA with bf16 (Ampere and later), or a CPU whose oneDNN
-    has bf16 kernels (AVX-512 BF16 / AMX). Elsewhere bfloat16 is emulated (`bf16_emulation`)."""
+def bf16_pays(device: torch.device) -> bool:
+    """Whether bfloat16 products on `device` run faster than float32: CUDA with bf16 (Ampere and later), or a CPU
+    where `aligner.modeling.cpu.bf16_products_pay` says so (measured, not read off the kernels it has). Elsewhere
+    bf16-mixed multiplies in float32 on bfloat16 inputs (`bf16_emulation`)."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return cpu.bf16_products_pay()
     return False
 
 
@@ -71,8 +74,20 @@ class BFloat16MatmulsInFloat32(TorchDispatchMode):
 
 
 def emulates_bf16_products(precision: str, device: torch.device) -> bool:
-    """Whether `precision` computes in bfloat16 on a CPU without bfloat16 kernels (`bf16_emulation` applies)."""
-    return compute_dtype(precision) == torch.bfloat16 and device.type == "cpu" and not bf16_is_fast(device)
+    """Whether `precision` computes in bfloat16 on a CPU where bfloat16 products do not pay (`bf16_emulation`)."""
+    return compute_dtype(precision) == torch.bfloat16 and device.type == "cpu" and not bf16_pays(device)
+
+
+def bf16_note(precision: str, device: torch.device) -> str | None:
+    """What a run warns about `precision` on `device`: bfloat16 that does not pay there, or None."""
+    if compute_dtype(precision) != torch.bfloat16 or bf16_pays(device):
+        return None
+    if emulates_bf16_products(precision, device):
+        return (
+            f"model.precision {precision}: on this CPU {cpu.bf16_reason()}; its matrix products run in float32 on "
+            "bfloat16 inputs (the same results at float32's speed): fp32 is as fast here"
+        )
+    return f"model.precision {precision}: {device} has no fast bfloat16; it runs emulated, slower than fp32"
 
 
 def bf16_emulation(precision: str, device: torch.device) -> contextlib.AbstractContextManager:

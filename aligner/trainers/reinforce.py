@@ -75,9 +75,8 @@ from aligner.modeling.batches import ResponseBatch
 from aligner.modeling.device import (
     autocast,
     bf16_emulation,
-    bf16_is_fast,
+    bf16_note,
     compute_dtype,
-    emulates_bf16_products,
     keep_freed_memory,
     resolve_device,
 )
@@ -206,13 +205,8 @@ class ReinforceTrainer:
             torch.set_num_threads(cfg.model.num_threads)
         if cfg.model.keep_freed_memory and self.device.type == "cpu":
             keep_freed_memory()
-        if cfg.model.precision == "bf16-mixed" and not bf16_is_fast(self.device) and distributed.is_main():
-            how = (
-                "its matrix products run in float32 on bfloat16 inputs (the same results), no faster than fp32"
-                if emulates_bf16_products(cfg.model.precision, self.device)
-                else "it runs emulated, slower than fp32"
-            )
-            print(f"model.precision bf16-mixed: {self.device} has no bfloat16 kernels; {how}", file=sys.stderr)
+        if (note := bf16_note(cfg.model.precision, self.device)) and distributed.is_main():
+            print(note, file=sys.stderr)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         quiet_transformers()

@@ -4,9 +4,11 @@ import pytest
 import torch
 
 from aligner.config import ModelConfig
-from aligner.modeling import device as device_module
-from aligner.modeling.device import BFloat16MatmulsInFloat32, autocast, bf16_emulation, compute_dtype
+from aligner.modeling.cpu import BF16_ENV
+from aligner.modeling.device import BFloat16MatmulsInFloat32, autocast, bf16_emulation, bf16_note, compute_dtype
 from aligner.modeling.hf import copy_weights, frozen_copy, load_policy
+
+pytestmark = pytest.mark.cpu_sensitive
 
 
 def test_bf16_mixed_computes_matmuls_in_bfloat16_and_fp32_does_not():
@@ -80,13 +82,15 @@ def test_bf16_products_in_float32_cover_the_backward_under_autocast():
         torch.testing.assert_close(emulated, native, rtol=2e-2, atol=2e-2)
 
 
-def test_bf16_emulation_only_where_bfloat16_computes_without_kernels(monkeypatch):
+@pytest.mark.parametrize(("answer", "emulated"), [("slow", True), ("fast", False)])
+def test_bf16_emulation_only_where_bfloat16_products_do_not_pay(monkeypatch, answer, emulated):
     cpu = torch.device("cpu")
-    monkeypatch.setattr(device_module, "bf16_is_fast", lambda device: False)
-    assert isinstance(bf16_emulation("bf16-mixed", cpu), BFloat16MatmulsInFloat32)
+    monkeypatch.setenv(BF16_ENV, answer)
+    assert isinstance(bf16_emulation("bf16-mixed", cpu), BFloat16MatmulsInFloat32) is emulated
     assert not isinstance(bf16_emulation("fp32", cpu), BFloat16MatmulsInFloat32)
-    monkeypatch.setattr(device_module, "bf16_is_fast", lambda device: True)
-    assert not isinstance(bf16_emulation("bf16-mixed", cpu), BFloat16MatmulsInFloat32)
+    note = bf16_note("bf16-mixed", cpu)
+    assert (note is not None and "float32 on bfloat16 inputs" in note) is emulated
+    assert bf16_note("fp32", cpu) is None
 
 
 def test_frozen_copy_casts_parameters_not_buffers_and_follows_copy_weights(tiny_policy_dir):

@@ -8,12 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from aligner.modeling import device as device_module
+from aligner.modeling.cpu import BF16_ENV
 from aligner.modeling.device import BFloat16MatmulsInFloat32
 from aligner.trainers.run_log import read_jsonl
 from tests.helpers.training import train
 
 MIXED = {"precision": "bf16-mixed"}
+pytestmark = pytest.mark.cpu_sensitive
 
 
 def test_bf16_mixed_trains_float32_masters_with_bfloat16_copies(run_config):
@@ -50,9 +51,13 @@ def test_bf16_mixed_resume_equals_straight_run(run_config):
     assert rewards[0] == rewards[1]
 
 
-def test_bf16_mixed_without_bfloat16_kernels_multiplies_in_float32_on_every_thread(run_config, monkeypatch, capsys):
-    """On a CPU without bfloat16 kernels the run's products (training, reference, validation, and the background
-    generator's with async rollouts) go through `BFloat16MatmulsInFloat32`."""
+@pytest.mark.parametrize(("answer", "emulated"), [("slow", True), ("fast", False)])
+def test_bf16_mixed_multiplies_in_float32_on_every_thread_where_bfloat16_does_not_pay(
+    run_config, monkeypatch, capsys, answer, emulated
+):
+    """Where bfloat16 products do not pay (`ALIGNER_CPU_BF16`, the seam every CPU question goes through) the run's
+    products (training, reference, validation, and the background generator's with async rollouts) go through
+    `BFloat16MatmulsInFloat32` and the run says why; where they pay, none do and it says nothing."""
     threads = set()
     dispatch = BFloat16MatmulsInFloat32.__torch_dispatch__
 
@@ -61,11 +66,11 @@ def test_bf16_mixed_without_bfloat16_kernels_multiplies_in_float32_on_every_thre
             threads.add(threading.current_thread().name)
         return dispatch(self, func, types, args, kwargs)
 
-    monkeypatch.setattr(device_module, "bf16_is_fast", lambda device: False)
+    monkeypatch.setenv(BF16_ENV, answer)
     monkeypatch.setattr(BFloat16MatmulsInFloat32, "__torch_dispatch__", spy)
     trainer = train(run_config(model=MIXED, trainer={"max_steps": 3, "async_rollouts": 1}))
-    assert threads == {threading.current_thread().name, "aligner-rollouts_0"}
-    assert "has no bfloat16 kernels" in capsys.readouterr().err
+    assert threads == ({threading.current_thread().name, "aligner-rollouts_0"} if emulated else set())
+    assert ("run in float32 on bfloat16 inputs" in capsys.readouterr().err) is emulated
     rows = [r for r in read_jsonl(trainer.run_dir / "metrics.jsonl") if r["step"] > 0]
     assert len(rows) == 3 and all(torch.isfinite(torch.tensor(r["train_optim/loss"])) for r in rows)
 
