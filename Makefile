@@ -38,9 +38,13 @@ demo: setup
 
 # One torch thread per test process: two xdist workers already fill the two cores, and two threads each would
 # contend for them (a contended torch thread pool is many times slower). A test that wants more threads says so.
+# Then the CPU-sensitive tests again as on a CPU without AVX-512 or bfloat16 kernels, whatever this one has
+# (docs/testing.md): a test that holds only on the developer's CPU fails here, not on the next machine.
 test: setup
 	$(BIN)/ruff check .
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
+	ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1 \
+		$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m cpu_sensitive --durations=5
 
 lint: setup
 	$(BIN)/ruff check .

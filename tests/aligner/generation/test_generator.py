@@ -241,6 +241,7 @@ def test_compile_auto_is_for_long_runs_on_the_cpu_with_a_compiler(monkeypatch):
     assert resolve_compile("auto", cpu, 10**6) is False  # no C++ compiler
 
 
+@pytest.mark.cpu_sensitive
 @pytest.mark.parametrize("engine", ["torch", "hf"])
 def test_bfloat16_weights_copy_samples_with_the_policys_current_weights(policy, engine):
     """model.precision bf16-mixed: generation runs on its own bfloat16 copy; its log-probs are the float32 policy's

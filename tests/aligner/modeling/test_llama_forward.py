@@ -86,6 +86,7 @@ def test_logits_and_gradients_equal_those_of_transformers(extra):
     assert not grads["model.embed_tokens.weight"][0].any()
 
 
+@pytest.mark.cpu_sensitive
 def test_bfloat16_logits_agree_to_bfloat16_precision():
     model, batch = tiny_llama(num_key_value_heads=2).to(torch.bfloat16).eval(), ragged_batch(seed=4)
     mask = batch.response_mask[..., None]

@@ -104,6 +104,7 @@ def test_chunked_projection_logprobs_and_gradients_equal_whole_logits(bias, monk
         torch.testing.assert_close(linear_token_logprobs(*tensors), want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.cpu_sensitive
 def test_under_autocast_the_projection_is_bfloat16_like_f_linear_and_gradients_reach_float32_leaves():
     hidden, weight, bias, targets = projection(bias=True)
     upstream = torch.randn(13, generator=torch.Generator().manual_seed(1))
@@ -120,6 +121,7 @@ def test_under_autocast_the_projection_is_bfloat16_like_f_linear_and_gradients_r
         torch.testing.assert_close(g, w, atol=0.05 * w.abs().max().item(), rtol=0)
 
 
+@pytest.mark.cpu_sensitive
 def test_a_target_almost_certain_keeps_its_small_gradient_exact():
     """1 - p_t comes from the float32 log-prob, not the softmax kept in bfloat16, which would round it to 0."""
     hidden = torch.zeros(1, 2)
