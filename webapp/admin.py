@@ -17,7 +17,7 @@ ADMIN_ONLY = {403: "Not an admin"}
 
 
 def _with_owner(job: Job, owner: str) -> dict:
-    return {**column_values(job), "algorithm": job.algorithm, "user": owner}
+    return {**column_values(job), "algorithm": job.algorithm, "actions": job.actions, "user": owner}
 
 
 def _job_or_404(job_id: int, lock: bool = False) -> tuple[Job, str]:

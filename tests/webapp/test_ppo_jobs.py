@@ -93,6 +93,7 @@ def test_openapi_describes_the_job_type(client):
     spec = client.get("/api/v1/openapi.json").json
     job_out = spec["components"]["schemas"]["JobOut"]["properties"]
     assert job_out["algorithm"]["enum"] == ["reinforce", "ppo"]
+    assert job_out["actions"]["items"]["enum"] == ["cancel", "resume", "retry"]
     params = {p["name"]: p for p in spec["paths"]["/api/v1/jobs"]["get"]["parameters"]}
     assert params["algorithm"]["schema"]["enum"] == ["reinforce", "ppo"]
     assert "ppo" in spec["components"]["schemas"]["JobIn"]["properties"]["config"]["description"]
