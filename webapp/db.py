@@ -56,7 +56,7 @@ QUEUED, RUNNING, CANCELLING = "queued", "running", "cancelling"
 SUCCEEDED, FAILED, CANCELLED, PAUSED = "succeeded", "failed", "cancelled", "paused"
 STATUSES = (QUEUED, RUNNING, CANCELLING, SUCCEEDED, FAILED, CANCELLED, PAUSED)
 FINAL_STATUSES = (SUCCEEDED, FAILED, CANCELLED, PAUSED)
-# A job's training algorithm (its config's `algorithm`, kept in `Job.kind`).
+# A job's training algorithm: its config's `algorithm`, kept in `Job.algorithm`.
 REINFORCE, PPO = "reinforce", "ppo"
 ALGORITHMS = (REINFORCE, PPO)
 # What a user may do to a job (POST /jobs/{id}/<action>); which of them apply now is `job_actions`.
@@ -113,7 +113,7 @@ class Job(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(200))
-    kind: Mapped[str] = mapped_column(String(20), default=REINFORCE)  # the algorithm: reinforce | ppo
+    algorithm: Mapped[str] = mapped_column(String(20), default=REINFORCE)  # reinforce | ppo
     status: Mapped[str] = mapped_column(String(20), default=QUEUED, index=True)
     config: Mapped[dict[str, Any]] = mapped_column(JSON)  # the resolved training config
     run_dir: Mapped[str] = mapped_column(Text, default="")
@@ -139,11 +139,6 @@ class Job(Base):
     # reads them back, so an alarm is announced (and pauses) once per episode.
     alarms: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
     # has_checkpoint (bool) is mapped below Checkpoint.
-
-    @property
-    def algorithm(self) -> str:
-        """The config's `algorithm` (reinforce | ppo), kept in `kind`."""
-        return self.kind
 
     @property
     def actions(self) -> list[str]:

@@ -134,7 +134,7 @@ def create_job(json_data, query_data):
     job = Job(
         user_id=user.id,
         name=json_data["name"],
-        kind=result.train.algorithm,
+        algorithm=result.train.algorithm,
         status=QUEUED,
         queued_at=utcnow(),
         config=config,
@@ -207,7 +207,7 @@ def list_jobs(query_data):
     if "status" in query_data:
         where.append(Job.status == query_data["status"])
     if "algorithm" in query_data:
-        where.append(Job.kind == query_data["algorithm"])
+        where.append(Job.algorithm == query_data["algorithm"])
     page, per_page = query_data["page"], query_data["per_page"]
     total = db.session.scalar(select(func.count()).select_from(Job).where(*where))
     items = db.session.scalars(

@@ -87,10 +87,19 @@ class JobIn(Schema):
 class JobOut(Schema):
     id = Integer(required=True)
     name = String(required=True)
-    kind = String(required=True, metadata={"description": "Same as algorithm."})
     algorithm = String(
         required=True,
         metadata={"enum": list(ALGORITHMS), "description": "The config's `algorithm`: reinforce or ppo."},
+    )
+    kind = String(
+        required=True,
+        attribute="algorithm",
+        dump_only=True,  # marshmallow refuses two loaded fields on one attribute; this schema is only dumped
+        metadata={
+            "enum": list(ALGORITHMS),
+            "deprecated": True,
+            "description": "Deprecated: use `algorithm`, which holds the same value; `kind` goes in the next release.",
+        },
     )
     status = String(required=True, metadata={"enum": list(STATUSES)})
     actions = List(

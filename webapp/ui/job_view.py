@@ -309,7 +309,7 @@ def scale_warning(bodies: dict[str, dict], configs: dict[str, dict]) -> str | No
 
 def job_choice(job: dict) -> tuple[str, int]:
     """A job in Compare's list: ("12: name (algo, status)", 12)."""
-    algorithm = job.get("algorithm") or job.get("kind") or "reinforce"
+    algorithm = job.get("algorithm") or "reinforce"
     return f"{job['id']}: {job['name']} ({algorithm}, {job['status']})", int(job["id"])
 
 
