@@ -183,7 +183,7 @@ def seed(url: str, data_dir: Path, jobs: int, steps: int) -> tuple[str, list[int
                     {
                         "user_id": user_id,
                         "name": f"rloo-sweep-{j:03d}",
-                        "kind": "reinforce",
+                        "algorithm": "reinforce",
                         "status": RUNNING if running else SUCCEEDED,
                         "config": config,
                         "run_dir": "",

@@ -17,7 +17,7 @@ ADMIN_ONLY = {403: "Not an admin"}
 
 
 def _with_owner(job: Job, owner: str) -> dict:
-    return {**column_values(job), "algorithm": job.algorithm, "user": owner}
+    return {**column_values(job), "actions": job.actions, "user": owner}
 
 
 def _job_or_404(job_id: int, lock: bool = False) -> tuple[Job, str]:
@@ -52,7 +52,7 @@ def list_all_jobs(query_data):
     if "status" in query_data:
         where.append(Job.status == query_data["status"])
     if "algorithm" in query_data:
-        where.append(Job.kind == query_data["algorithm"])
+        where.append(Job.algorithm == query_data["algorithm"])
     if "user" in query_data:
         where.append(User.name == query_data["user"])
     page, per_page = query_data["page"], query_data["per_page"]

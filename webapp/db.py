@@ -38,13 +38,14 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    exists,
     false,
     func,
     select,
     update,
 )
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, column_property, mapped_column, sessionmaker
 from sqlalchemy.orm.attributes import set_committed_value
 
 from aligner.errors import AlignerError
@@ -55,9 +56,12 @@ QUEUED, RUNNING, CANCELLING = "queued", "running", "cancelling"
 SUCCEEDED, FAILED, CANCELLED, PAUSED = "succeeded", "failed", "cancelled", "paused"
 STATUSES = (QUEUED, RUNNING, CANCELLING, SUCCEEDED, FAILED, CANCELLED, PAUSED)
 FINAL_STATUSES = (SUCCEEDED, FAILED, CANCELLED, PAUSED)
-# A job's training algorithm (its config's `algorithm`, kept in `Job.kind`).
+# A job's training algorithm: its config's `algorithm`, kept in `Job.algorithm`.
 REINFORCE, PPO = "reinforce", "ppo"
 ALGORITHMS = (REINFORCE, PPO)
+# What a user may do to a job (POST /jobs/{id}/<action>); which of them apply now is `job_actions`.
+CANCEL, RESUME, RETRY = "cancel", "resume", "retry"
+ACTIONS = (CANCEL, RESUME, RETRY)
 # Every allowed status change. A final job goes back to queued only through resume or retry.
 TRANSITIONS: dict[str, tuple[str, ...]] = {
     QUEUED: (RUNNING, CANCELLED, FAILED),
@@ -109,7 +113,7 @@ class Job(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(200))
-    kind: Mapped[str] = mapped_column(String(20), default=REINFORCE)  # the algorithm: reinforce | ppo
+    algorithm: Mapped[str] = mapped_column(String(20), default=REINFORCE)  # reinforce | ppo
     status: Mapped[str] = mapped_column(String(20), default=QUEUED, index=True)
     config: Mapped[dict[str, Any]] = mapped_column(JSON)  # the resolved training config
     run_dir: Mapped[str] = mapped_column(Text, default="")
@@ -134,11 +138,12 @@ class Job(Base):
     # The run health alarms firing now (aligner/health.py names), kept by the worker's monitor; a restarted worker
     # reads them back, so an alarm is announced (and pauses) once per episode.
     alarms: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
+    # has_checkpoint (bool) is mapped below Checkpoint.
 
     @property
-    def algorithm(self) -> str:
-        """The config's `algorithm` (reinforce | ppo), kept in `kind`."""
-        return self.kind
+    def actions(self) -> list[str]:
+        """The actions that apply to the job now (`job_actions`)."""
+        return job_actions(self)
 
 
 class Metric(Base):
@@ -197,6 +202,11 @@ class Checkpoint(Base):
     step: Mapped[int] = mapped_column(Integer)
     path: Mapped[str] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+# Whether the job has a checkpoint to resume from, read in the job's own SELECT (an EXISTS subquery): a page of jobs
+# and their actions is one query.
+Job.has_checkpoint = column_property(exists().where(Checkpoint.job_id == Job.id))
 
 
 class Dataset(Base):
@@ -367,6 +377,39 @@ def transition(session: Session, job: Job, status: str, **fields: Any) -> Event:
         set_committed_value(job, key, value)
     payload = {"status": status, "error": job.error, "step": job.step}
     return add_event(session, job.id, "status", payload)
+
+
+def refusal(job: Job, action: str) -> str | None:
+    """Why `action` (one of ACTIONS) does not apply to `job` now, as the API's 409 says it; None when it applies.
+
+    cancel: a queued or running job. A job being cancelled is refused here, though POST /cancel answers it 200 with
+    nothing changed (a second click, a retried request). resume: a finished job (paused included) with a checkpoint,
+    unless it succeeded after all its steps. retry: a failed, cancelled or paused job."""
+    if action == CANCEL:
+        if job.status in (QUEUED, RUNNING):
+            return None
+        if job.status == CANCELLING:
+            return f"job {job.id} is being cancelled already"
+        return f"job {job.id} has already finished ({job.status})"
+    if action == RESUME:
+        if job.status not in FINAL_STATUSES:
+            return f"job {job.id} is {job.status}: only a finished job can be resumed"
+        if job.status == SUCCEEDED and job.step >= job.max_steps:
+            return f"job {job.id} has finished all its {job.max_steps} steps: nothing to resume"
+        if not job.has_checkpoint:
+            return f"job {job.id} has no checkpoint to resume from: retry it instead"
+        return None
+    if action == RETRY:
+        if job.status in (FAILED, CANCELLED, PAUSED):
+            return None
+        return f"job {job.id} is {job.status}: only a failed, cancelled or paused job can be retried"
+    raise ValueError(f"unknown job action {action!r}; the actions are {', '.join(ACTIONS)}")
+
+
+def job_actions(job: Job) -> list[str]:
+    """The actions (ACTIONS order) that `refusal` lets through: what the API's job carries as `actions` and the
+    dashboard's buttons follow."""
+    return [action for action in ACTIONS if refusal(job, action) is None]
 
 
 def add_event(session: Session, job_id: int, kind: str, payload: dict[str, Any]) -> Event:

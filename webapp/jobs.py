@@ -4,7 +4,9 @@ Every status change goes through `webapp.db.transition` (the state machine, whic
 `GET /jobs/{id}/events` streams): one conditional UPDATE, so of two concurrent requests (two cancels, two resumes)
 one applies and the other gets 409 with nothing changed. A job is queued through
 `app.extensions["aligner_queue"].enqueue(job_id)` after its row is committed, so the worker always finds it; when the
-broker cannot take it, the job stays queued and the workers' sweep sends it again (worker/recovery.py).
+broker cannot take it, the job stays queued and the workers' sweep sends it again (worker/recovery.py). Which of
+cancel, resume and retry apply is decided in one place, `webapp.db.refusal`: the 409s below are its reasons, and every
+job the API returns lists the ones that apply as `actions`.
 
 - cancel: queued -> cancelled at once; running -> cancelling (cancel_requested; the worker stops at the next step,
   saves a checkpoint and makes it cancelled); cancelling -> unchanged; a finished job -> 409.
@@ -30,19 +32,18 @@ from sqlalchemy import delete, func, select
 
 from webapp.auth import auth, current_user
 from webapp.db import (
+    CANCEL,
     CANCELLED,
     CANCELLING,
-    FAILED,
-    FINAL_STATUSES,
-    PAUSED,
     QUEUED,
-    RUNNING,
-    SUCCEEDED,
+    RESUME,
+    RETRY,
     Checkpoint,
     Job,
     Metric,
     Sample,
     add_event,
+    refusal,
     transition,
     utcnow,
 )
@@ -133,7 +134,7 @@ def create_job(json_data, query_data):
     job = Job(
         user_id=user.id,
         name=json_data["name"],
-        kind=result.train.algorithm,
+        algorithm=result.train.algorithm,
         status=QUEUED,
         queued_at=utcnow(),
         config=config,
@@ -206,7 +207,7 @@ def list_jobs(query_data):
     if "status" in query_data:
         where.append(Job.status == query_data["status"])
     if "algorithm" in query_data:
-        where.append(Job.kind == query_data["algorithm"])
+        where.append(Job.algorithm == query_data["algorithm"])
     page, per_page = query_data["page"], query_data["per_page"]
     total = db.session.scalar(select(func.count()).select_from(Job).where(*where))
     items = db.session.scalars(
@@ -238,14 +239,19 @@ def cancel_job(job_id: int):
 
 def cancel(job: Job) -> Job:
     """Cancel `job` (locked by the caller) and commit: the state change of POST /jobs/{id}/cancel."""
-    if job.status == QUEUED:
-        transition(db.session, job, CANCELLED, cancel_requested=True)
-    elif job.status == RUNNING:
-        transition(db.session, job, CANCELLING, cancel_requested=True)
-    elif job.status in FINAL_STATUSES:
-        abort_fields(409, f"job {job.id} has already finished ({job.status})")
+    if job.status == CANCELLING:  # cancelled already: a second request changes nothing and is not an error
+        return job
+    _refuse_unless(job, CANCEL)
+    transition(db.session, job, CANCELLED if job.status == QUEUED else CANCELLING, cancel_requested=True)
     db.session.commit()
     return job
+
+
+def _refuse_unless(job: Job, action: str) -> None:
+    """409 with the state machine's reason when `action` does not apply to `job` (webapp.db.refusal)."""
+    reason = refusal(job, action)
+    if reason is not None:
+        abort_fields(409, reason)
 
 
 @bp.post("/<int:job_id>/resume")
@@ -263,12 +269,7 @@ def resume_job(job_id: int):
     job's alarms stay firing: the alarm that paused it pauses it again only after it has cleared and fires anew.
     """
     job = get_job_or_404(job_id, lock=True)
-    if job.status not in FINAL_STATUSES:
-        abort_fields(409, f"job {job.id} is {job.status}: only a finished job can be resumed")
-    if job.status == SUCCEEDED and job.step >= job.max_steps:
-        abort_fields(409, f"job {job.id} has finished all its {job.max_steps} steps: nothing to resume")
-    if not db.session.scalar(select(func.count()).select_from(Checkpoint).where(Checkpoint.job_id == job.id)):
-        abort_fields(409, f"job {job.id} has no checkpoint to resume from: retry it instead")
+    _refuse_unless(job, RESUME)
     check_active_jobs()
     # A new start: the worker's count of starts (ALIGNER_MAX_ATTEMPTS) and the old lease begin afresh.
     transition(db.session, job, QUEUED, attempts=0, worker=None, heartbeat_at=None)
@@ -287,8 +288,7 @@ def retry_job(job_id: int):
     Deletes its metrics, samples, checkpoints and run folder (events are kept), clears its alarms, then queues it.
     """
     job = get_job_or_404(job_id, lock=True)
-    if job.status not in (FAILED, CANCELLED, PAUSED):
-        abort_fields(409, f"job {job.id} is {job.status}: only a failed, cancelled or paused job can be retried")
+    _refuse_unless(job, RETRY)
     check_active_jobs()
     fresh = {
         "step": 0,

@@ -9,7 +9,7 @@ from apiflask.fields import Boolean, DateTime, Dict, File, Float, Integer, List,
 from apiflask.validators import Length, OneOf, Range
 from marshmallow import ValidationError
 
-from webapp.db import ALGORITHMS, MODEL_KINDS, SERVER_KINDS, STATUSES
+from webapp.db import ACTIONS, ALGORITHMS, MODEL_KINDS, SERVER_KINDS, STATUSES
 
 INT32_MAX = 2**31 - 1  # integer columns are 32-bit on PostgreSQL: larger ids and steps cannot exist
 MAX_GPUS_PER_JOB = 64
@@ -87,12 +87,31 @@ class JobIn(Schema):
 class JobOut(Schema):
     id = Integer(required=True)
     name = String(required=True)
-    kind = String(required=True, metadata={"description": "Same as algorithm."})
     algorithm = String(
         required=True,
         metadata={"enum": list(ALGORITHMS), "description": "The config's `algorithm`: reinforce or ppo."},
     )
+    kind = String(
+        required=True,
+        attribute="algorithm",
+        dump_only=True,  # marshmallow refuses two loaded fields on one attribute; this schema is only dumped
+        metadata={
+            "enum": list(ALGORITHMS),
+            "deprecated": True,
+            "description": "Deprecated: use `algorithm`, which holds the same value; `kind` goes in the next release.",
+        },
+    )
     status = String(required=True, metadata={"enum": list(STATUSES)})
+    actions = List(
+        String(metadata={"enum": list(ACTIONS)}),
+        required=True,
+        metadata={
+            "description": "What may be done to the job in its state now, each a POST /jobs/{id}/<action>: cancel "
+            "(queued or running), resume (finished or paused, with a checkpoint, unless it succeeded after all its "
+            "steps), retry (failed, cancelled or paused). Another action gets 409, except a cancel of a job being "
+            "cancelled, which changes nothing."
+        },
+    )
     config = Dict(keys=String(), required=True, metadata={"description": "The resolved config (every default)."})
     run_dir = String(required=True)
     num_processes = Integer(required=True)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import delete
+
+from webapp.db import Checkpoint, Job
 
 # Parametrises the `backend` fixture: the test runs on SQLite and on a fresh PostgreSQL schema.
 both_backends = pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=True)
@@ -18,3 +21,28 @@ def create_job(client, token: str, config: dict, name: str = "job", **extra) -> 
     response = client.post("/api/v1/jobs", json={"name": name, "config": config, **extra}, headers=bearer(token))
     assert response.status_code == 201, response.json
     return response.json
+
+
+# (status, step, has a checkpoint, the actions that apply) of a job of 5 steps: the rules of webapp.db.refusal.
+ACTIONS_BY_STATE = [
+    ("queued", 0, False, ["cancel"]),
+    ("running", 2, True, ["cancel"]),
+    ("cancelling", 2, True, []),  # a second cancel changes nothing: not offered
+    ("cancelled", 2, True, ["resume", "retry"]),
+    ("cancelled", 2, False, ["retry"]),  # nothing to resume from
+    ("failed", 2, True, ["resume", "retry"]),
+    ("failed", 5, True, ["resume", "retry"]),  # only a succeeded job's last step ends resuming
+    ("paused", 2, True, ["resume", "retry"]),
+    ("succeeded", 5, True, []),  # did all its steps
+    ("succeeded", 3, True, ["resume"]),  # stopped early
+]
+
+
+def put_in_state(db_session, job_id: int, status: str, step: int, checkpoint: bool) -> None:
+    """Job `job_id` in `status` at `step`, with one checkpoint or none (`db_session`: the conftest fixture)."""
+    with db_session() as session:
+        job = session.get(Job, job_id)
+        job.status, job.step = status, step
+        session.execute(delete(Checkpoint).where(Checkpoint.job_id == job_id))
+        if checkpoint:
+            session.add(Checkpoint(job_id=job_id, step=step, path="/x/step"))

@@ -1,4 +1,5 @@
-"""Jobs: create, list (pagination, status filter), get, cancel, resume, retry; the queue hand-off."""
+"""Jobs: create, list (pagination, status filter), get, cancel, resume, retry, the actions a job lists; the queue
+hand-off."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from tests.helpers.api import bearer, both_backends, create_job
+from tests.helpers.api import ACTIONS_BY_STATE, bearer, both_backends, create_job, put_in_state
 from webapp.db import Checkpoint, Event, Job, Metric, Sample
 
 
@@ -191,6 +192,37 @@ def status_events(db_session, job_id: int) -> list[str]:
     with db_session() as session:
         stmt = select(Event.payload).where(Event.job_id == job_id, Event.kind == "status").order_by(Event.id)
         return [p["status"] for p in session.scalars(stmt)]
+
+
+@both_backends
+def test_a_job_carries_its_algorithm_and_the_actions_that_apply(client, token, admin_token, config, db_session):
+    job = create_job(client, token, config)
+    assert job["max_steps"] == 5 and job["actions"] == ["cancel"]
+    for status, step, checkpoint, actions in ACTIONS_BY_STATE:
+        put_in_state(db_session, job["id"], status, step, checkpoint)
+        got = client.get(f"/api/v1/jobs/{job['id']}", headers=bearer(token)).json
+        assert (got["algorithm"], got["kind"], got["actions"]) == ("reinforce", "reinforce", actions), status
+        listed = client.get("/api/v1/jobs", headers=bearer(token)).json["items"]
+        assert [j["actions"] for j in listed] == [actions], status
+        admin = client.get(f"/api/v1/admin/jobs/{job['id']}", headers=bearer(admin_token)).json
+        assert (admin["algorithm"], admin["actions"]) == ("reinforce", actions), status
+
+
+@both_backends
+def test_the_endpoints_accept_exactly_the_actions_the_job_lists(client, token, config, db_session):
+    """Each action a job lists succeeds, every other one gets 409 (a cancel of a cancelling job: 200, unchanged)."""
+    job = create_job(client, token, config)
+    for status, step, checkpoint, actions in ACTIONS_BY_STATE:
+        for action in ("cancel", "resume", "retry"):
+            put_in_state(db_session, job["id"], status, step, checkpoint)
+            response = client.post(f"/api/v1/jobs/{job['id']}/{action}", headers=bearer(token))
+            if action in actions:
+                assert response.status_code == 200, (status, step, checkpoint, action, response.json)
+                assert response.json["status"] != status
+            elif (status, action) == ("cancelling", "cancel"):
+                assert response.status_code == 200 and response.json["status"] == "cancelling"
+            else:
+                assert response.status_code == 409, (status, step, checkpoint, action, response.json)
 
 
 def all_at_once(n: int, request) -> list[int]:

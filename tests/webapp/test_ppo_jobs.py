@@ -29,8 +29,8 @@ def test_jobs_carry_their_algorithm_and_the_list_filters_by_it(client, token, ot
     started = create_job(client, token, ppo(config), name="ppo-own-critic")
     external = create_job(client, token, ppo(config, server="critic-1"), name="ppo-external")
     create_job(client, other_token, ppo(config), name="bob's")  # never listed for alice
-    assert (reinforce["algorithm"], reinforce["kind"]) == ("reinforce", "reinforce")
-    assert (started["algorithm"], started["kind"]) == ("ppo", "ppo")
+    assert reinforce["algorithm"] == "reinforce" and started["algorithm"] == "ppo"
+    assert (reinforce["kind"], started["kind"]) == ("reinforce", "ppo")  # deprecated, the same for one release
     assert started["config"]["critic"]["model"] == "critic-rm"
     assert started["config"]["critic"]["server"] is None and started["config"]["ppo"]["ratio_eps"] == 0.2
     assert external["config"]["critic"]["server"] == "critic-1" and "server_url" not in external["config"]["critic"]
@@ -92,7 +92,9 @@ def test_a_ppo_job_may_take_its_rewards_from_the_critic(client, token, config, c
 def test_openapi_describes_the_job_type(client):
     spec = client.get("/api/v1/openapi.json").json
     job_out = spec["components"]["schemas"]["JobOut"]["properties"]
-    assert job_out["algorithm"]["enum"] == ["reinforce", "ppo"]
+    assert job_out["algorithm"]["enum"] == ["reinforce", "ppo"] and not job_out["algorithm"].get("deprecated")
+    assert job_out["kind"]["deprecated"] is True and "use `algorithm`" in job_out["kind"]["description"]
+    assert job_out["actions"]["items"]["enum"] == ["cancel", "resume", "retry"]
     params = {p["name"]: p for p in spec["paths"]["/api/v1/jobs"]["get"]["parameters"]}
     assert params["algorithm"]["schema"]["enum"] == ["reinforce", "ppo"]
     assert "ppo" in spec["components"]["schemas"]["JobIn"]["properties"]["config"]["description"]

@@ -20,9 +20,10 @@ from sqlalchemy import select
 
 from aligner.config import TrainConfig
 from aligner.demo.templates import CONFIG_TEMPLATE, ppo_config_text
+from tests.helpers.api import ACTIONS_BY_STATE, bearer, create_job, put_in_state
 from webapp import ui
-from webapp.db import MODEL_KINDS, SERVER_KINDS, ApiToken, revoke_token
-from webapp.ui import api, catalogue, form, frames, job_view, new_job, tabs
+from webapp.db import ACTIONS, MODEL_KINDS, SERVER_KINDS, ApiToken, revoke_token
+from webapp.ui import api, catalogue, form, frames, job_view, jobs_tab, new_job, tabs
 
 NOW = dt.datetime(2026, 11, 22, 19, 0, 0, tzinfo=dt.UTC)
 
@@ -467,6 +468,23 @@ def test_a_user_is_refused_catalogue_changes_with_the_apis_message(session, toke
         assert out[0] == refused and unchanged(out), action  # refused, still signed in
         assert all(table == {"__type__": "update"} for table in out[1:5])
     assert act(catalogue.register_model, "", "x", "/x", "policy", "")[0] == "Sign in first."
+
+
+def test_the_jobs_tabs_buttons_follow_the_actions_the_api_lists(api_url, client, token, config, db_session, tmp_path):
+    """The buttons are enabled exactly as GET /jobs/{id} lists `actions`, whatever the status; no job, none."""
+    app = ui.build_app(api_url, tmp_path)
+    update_actions = next(fn.fn for fn in app.fns.values() if fn.name == "update_actions")
+    job_id = create_job(client, token, config)["id"]
+    for status, step, checkpoint, actions in ACTIONS_BY_STATE:
+        put_in_state(db_session, job_id, status, step, checkpoint)
+        table = frames.jobs_frame(client.get("/api/v1/jobs", headers=bearer(token)).json)
+        *buttons, known = update_actions(token, job_id, table, None)
+        assert [b["interactive"] for b in buttons] == [a in actions for a in jobs_tab.ACTIONS], status
+        assert known == [job_id, status]
+        assert update_actions(token, job_id, table, known) == [gr.skip()] * 4  # the same job and status: unasked
+    assert [b["interactive"] for b in update_actions(token, 999, table, None)[:3]] == [False] * 3  # no such job
+    assert [b["interactive"] for b in update_actions("", job_id, table, None)[:3]] == [False] * 3  # signed out
+    assert jobs_tab.ACTIONS == ACTIONS
 
 
 def test_a_rejected_token_signs_the_tab_out_instead_of_being_sent_again(session, app, api_url, token, db_session):

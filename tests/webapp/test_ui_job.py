@@ -1,5 +1,5 @@
-"""The Job page, the Jobs tab's actions and Compare without a browser: plotly figures, the run's summary, the event log
-in words, which actions apply, config differences and the reward-scale warning, from hand-made API JSON."""
+"""The Job page and Compare without a browser: plotly figures, the run's summary, the event log in words, config
+differences and the reward-scale warning, from hand-made API JSON (the Jobs tab's buttons: tests/webapp/test_ui.py)."""
 
 from __future__ import annotations
 
@@ -144,26 +144,6 @@ def test_an_empty_job_page_says_why():
     assert "generating step 1" in job_view.waiting_message({"status": "running"})
     failed = job_view.waiting_message({"status": "failed", "error": "cannot start the job: no GPU\nmore"})
     assert failed == "The job failed before its first step: cannot start the job: no GPU"
-
-
-@pytest.mark.parametrize(
-    ("status", "has_checkpoint", "step", "enabled"),
-    [
-        ("queued", False, 0, {"cancel"}),
-        ("running", True, 3, {"cancel"}),
-        ("cancelling", True, 3, set()),
-        ("failed", True, 3, {"resume", "retry"}),
-        ("failed", False, 3, {"retry"}),
-        ("cancelled", True, 3, {"resume", "retry"}),
-        ("paused", True, 3, {"resume", "retry"}),
-        ("succeeded", True, 10, set()),  # every step done: nothing to resume
-        ("succeeded", True, 5, {"resume"}),
-    ],
-)
-def test_actions_enabled_per_status(status, has_checkpoint, step, enabled):
-    states = job_view.action_states({"status": status, "step": step, "max_steps": 10}, has_checkpoint)
-    assert {kind for kind, on in states.items() if on} == enabled
-    assert not any(job_view.action_states(None, True).values())
 
 
 def test_config_diff_lists_the_dotted_keys_that_differ():

@@ -8,8 +8,8 @@ token lives in the browser session's state (a reload asks for it again) and goes
 rather than sent again on every refresh: failed sign-ins from one address are throttled (429). Tabs:
 
 - Jobs: your jobs (the selected one marked, status, health alarms, step / max_steps, latest reward, age), refreshed
-  every few seconds; cancel (after a confirmation), resume or retry the selected job, each enabled only when it
-  applies to its status (click a row, or type its id).
+  every few seconds; cancel (after a confirmation), resume or retry the selected job (click a row, or type its id),
+  each enabled only when the API lists it among the job's `actions`.
 - New job: drop-downs filled from the catalogue at sign-in (and by Refresh lists): the policy (and a tokenizer), the
   train and validation datasets (yours and the shared ones; a JSONL file uploaded from the form is picked at once),
   the reward (a reward function with its JSON arguments and the help of a built-in's parameters, a reward model or a

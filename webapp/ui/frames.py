@@ -69,7 +69,7 @@ def jobs_frame(page: dict, now: dt.datetime | None = None, selected: int | None 
                 SELECTED if selected is not None and job["id"] == selected else "",
                 job["id"],
                 job["name"],
-                job.get("algorithm") or job.get("kind") or "reinforce",
+                job.get("algorithm") or "reinforce",
                 job["status"],
                 f"⚠ {alarms}" if alarms else "",
                 f"{job.get('step', 0)}/{job.get('max_steps', '?')}",

@@ -1,6 +1,6 @@
-"""What the Job page, the Jobs tab's actions and Compare show, from API JSON: the charts' data, the run's summary
-(best validation, change in reward, speed, time left, alarms), the event log in words, which actions apply to a job,
-and the differences between compared jobs (config, reward scale). Pure functions, tested without a browser."""
+"""What the Job page and Compare show, from API JSON: the charts' data, the run's summary (best validation, change in
+reward, speed, time left, alarms), the event log in words, and the differences between compared jobs (config, reward
+scale). Pure functions, tested without a browser."""
 
 from __future__ import annotations
 
@@ -251,17 +251,6 @@ def waiting_message(job: dict) -> str:
     return "Waiting for the first step: generating step 1 ..."
 
 
-def action_states(job: dict | None, has_checkpoint: bool) -> dict[str, bool]:
-    """Which of cancel, resume and retry apply to a job in its status."""
-    status = (job or {}).get("status")
-    steps_left = (job or {}).get("step", 0) < (job or {}).get("max_steps", 0)
-    return {
-        "cancel": status in ("queued", "running"),
-        "resume": status in ("succeeded", "failed", "cancelled", "paused") and has_checkpoint and steps_left,
-        "retry": status in ("failed", "cancelled", "paused"),
-    }
-
-
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
     """{"trainer": {"lr": 1}} -> {"trainer.lr": 1}."""
     if not isinstance(config, dict):
@@ -320,7 +309,7 @@ def scale_warning(bodies: dict[str, dict], configs: dict[str, dict]) -> str | No
 
 def job_choice(job: dict) -> tuple[str, int]:
     """A job in Compare's list: ("12: name (algo, status)", 12)."""
-    algorithm = job.get("algorithm") or job.get("kind") or "reinforce"
+    algorithm = job.get("algorithm") or "reinforce"
     return f"{job['id']}: {job['name']} ({algorithm}, {job['status']})", int(job["id"])
 
 

@@ -1,18 +1,19 @@
 """The Jobs tab: your jobs (the selected one marked), cancel (after a confirmation), resume or retry the selected job,
-each button enabled only when it applies to the job's status.
+each button enabled only when the API lists it among the job's `actions` (the server decides what applies).
 
 No `from __future__ import annotations` here: Gradio reads a handler's `gr.SelectData` hint as a class, not a string.
 """
+
+import contextlib
 
 import gradio as gr
 import pandas as pd
 
 from webapp.ui.api import ApiError
 from webapp.ui.frames import JOB_COLUMNS
-from webapp.ui.job_view import action_states
 from webapp.ui.tabs import Session, job_id_of
 
-ACTIONS = ("cancel", "resume", "retry")
+ACTIONS = ("cancel", "resume", "retry")  # the API's job actions (webapp.db.ACTIONS), a button each
 
 
 def selected_status(table: pd.DataFrame | None, jid: int | None) -> str | None:
@@ -54,24 +55,18 @@ def jobs_tab(session: Session) -> gr.Dataframe:
             return gr.update()
 
     def update_actions(token: str, selected, table: pd.DataFrame, known):
-        """[cancel, resume, retry buttons, known]: enabled per the selected job's status; nothing asked or redrawn
-        while the job and its status are those the buttons were set for."""
+        """[cancel, resume, retry buttons, known]: each enabled when the selected job's `actions` (GET /jobs/{id})
+        list it; nothing asked or redrawn while the job and its status are those the buttons were set for."""
         jid = job_id_of(selected)
         status = selected_status(table, jid)
         key = [jid, status]
         if key == known:
             return [gr.skip()] * (len(ACTIONS) + 1)
-        job, has_checkpoint = None, False
+        allowed: list[str] = []
         if token and jid is not None:
-            try:
-                api = session.api(token)
-                job = api.get(f"/jobs/{jid}")
-                if job["status"] in ("succeeded", "failed", "cancelled", "paused"):
-                    has_checkpoint = bool(api.get(f"/jobs/{jid}/checkpoints")["items"])
-            except ApiError:
-                job = None
-        states = action_states(job, has_checkpoint)
-        return [*(gr.update(interactive=states[kind]) for kind in ACTIONS), key]
+            with contextlib.suppress(ApiError):  # no such job, or the API is away: no button applies
+                allowed = session.api(token).get(f"/jobs/{jid}").get("actions") or []
+        return [*(gr.update(interactive=kind in allowed) for kind in ACTIONS), key]
 
     def action(kind: str):
         def run(token: str, selected):
