@@ -172,14 +172,8 @@ class ReinforceTrainer:
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self, resume: bool = False) -> None:
         cfg = self.config
-        # Input that can be wrong is checked before any model loads.
-        if self.uses_megatron and self.uses_lora:
-            raise ConfigError("model.backend=megatron trains the full model: model.lora.r must be 0")
-        if self.uses_megatron and (cfg.reinforce.loss_aggregation == "nemo" or cfg.reinforce.num_mini_batches > 1):
-            raise ConfigError(
-                "model.backend=megatron takes one optimiser step per rollout with loss_aggregation token_mean or "
-                "seq_mean: set reinforce.num_mini_batches: 1 and another reinforce.loss_aggregation"
-            )
+        # Input that can be wrong is checked before any model loads; which settings go together, the config has
+        # checked already (aligner/config.py, combination_errors): what is left needs the run.
         require_packages(cfg.logging)
         train_records = read_prompt_file(cfg.data.train_file)
         val_records = read_prompt_file(cfg.data.val_file)
@@ -295,9 +289,6 @@ class ReinforceTrainer:
         cfg = self.config.reinforce
         if not cfg.dynamic_batching:
             return
-        if self.uses_megatron:
-            # The ranks of one model-parallel group must see the same prompts; the queue deals to single ranks.
-            raise ConfigError("reinforce.dynamic_batching works with model.backend: hf only")
         chunks = -(-cfg.num_prompts_per_step // cfg.dynamic_batching_prompts)
         if chunks < distributed.dp_size():
             raise ConfigError(
