@@ -139,28 +139,32 @@ def _positive(text: str) -> int:
     return value
 
 
+def add_set_flag(parser: argparse.ArgumentParser, example: str) -> None:
+    """`--set KEY=VALUE`, repeatable, into `args.overrides` (applied after the --config file and the other flags
+    by `aligner.config.apply_overrides`); `example` is a field of the command's own config."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a config field (a YAML value), e.g. --set {example}; repeatable",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aligner", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="run REINFORCE / RLOO or PPO training from a YAML config")
     train.add_argument("--config", required=True, help="YAML config file")
-    train.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set reinforce.num_rollouts_per_prompt=8 (repeatable)",
-    )
+    add_set_flag(train, "reinforce.num_rollouts_per_prompt=8")
     train.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in run_dir")
     train.set_defaults(func=_cmd_train)
 
     trial = sub.add_parser("try-reward", help="sample a few responses and show their rewards (before training)")
     trial.add_argument("--config", required=True, help="YAML config file (as for train)")
-    trial.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config value"
-    )
+    add_set_flag(trial, "generation.temperature=0.7")
     trial.add_argument("--num-prompts", type=_positive, default=4, help="first N prompts of data.train_file (4)")
     trial.add_argument("--num-samples", type=_positive, default=4, help="responses per prompt (4)")
     trial.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
@@ -168,9 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     train_rm = sub.add_parser("train-rm", help="train a reward model (Bradley-Terry) on preference pairs")
     train_rm.add_argument("--config", required=True, help="YAML config file (aligner/trainers/reward_model.py)")
-    train_rm.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set optim.lr=1e-4"
-    )
+    add_set_flag(train_rm, "optim.lr=1e-4")
     train_rm.set_defaults(func=_cmd_train_rm)
 
     demo = sub.add_parser("demo-assets", help="build a tiny tokenizer, SFT policy, reward, prompts and config")
@@ -190,14 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--max-batch-size", type=int, help="batch Triton merges requests into (default 64); any size is served"
     )
-    srv.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any other field, e.g. --set reward_mean=0.5 (repeatable)",
-    )
+    add_set_flag(srv, "reward_mean=0.5")
     srv.set_defaults(func=_cmd_serve_reward)
 
     critic = sub.add_parser("serve-critic", help="serve and train PPO's critic (and the reward) with PyTriton")
@@ -206,9 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     critic.add_argument("--checkpoint", help="critic_save file (or folder) to continue from")
     critic.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     critic.add_argument("--port", type=int, help="HTTP port (default 5556; gRPC and metrics take the next two)")
-    critic.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="e.g. --set lr=1e-5"
-    )
+    add_set_flag(critic, "lr=1e-5")
     critic.set_defaults(func=_cmd_serve_critic)
 
     gguf = sub.add_parser("import-gguf", help="convert a GGUF model into a Hugging Face folder")

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from aligner.errors import ConfigError
 
@@ -97,23 +98,6 @@ class ModelConfig(Section):
         description="Megatron backend: pipeline stages the layers are split into (equal shares: the number of layers "
         "must divide by it); micro-batches run through Megatron's 1F1B schedule.",
     )
-
-    @model_validator(mode="after")
-    def _backend(self) -> ModelConfig:
-        if self.precision == "bf16-mixed" and self.dtype != "float32":
-            raise ValueError(
-                f"precision: bf16-mixed keeps float32 master weights: set dtype: float32 (not {self.dtype})"
-            )
-        if self.precision == "bf16-mixed" and self.backend == "megatron":
-            raise ValueError("precision: bf16-mixed works with backend: hf (Megatron runs in model.dtype)")
-        parallel = self.tensor_model_parallel_size > 1 or self.pipeline_model_parallel_size > 1
-        if self.backend == "hf":
-            if parallel:
-                raise ValueError("tensor_model_parallel_size and pipeline_model_parallel_size need backend: megatron")
-            return self
-        if not _megatron_installed():
-            raise ValueError("model.backend=megatron needs the optional extra: pip install 'aligner[megatron]'")
-        return self
 
 
 def _megatron_installed() -> bool:
@@ -685,35 +669,127 @@ class TrainConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _async_rollouts(self) -> TrainConfig:
-        if not self.trainer.async_rollouts:
-            return self
-        unsupported = {
-            "algorithm: ppo (its critic scores each rollout on-policy)": self.algorithm == "ppo",
-            "model.backend: megatron": self.model.backend == "megatron",
-            "reinforce.dynamic_batching (its queue is collective; collectives stay on the training thread)": (
-                self.reinforce.dynamic_batching
-            ),
-        }
-        for what, applies in unsupported.items():
-            if applies:
-                raise ValueError(f"trainer.async_rollouts: 1 does not work with {what}: set it to 0")
+    def _combinations(self) -> TrainConfig:
+        broken = combination_errors(self)
+        if broken:
+            raise ValidationError.from_exception_data(
+                type(self).__name__,
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError(COMBINATION_ERROR, reason),
+                        loc=tuple(field.split(".")),
+                        input=_field_value(self, field),
+                    )
+                    for field, reason in broken
+                ],
+            )
         return self
 
-    @model_validator(mode="after")
-    def _sources(self) -> TrainConfig:
-        critic_rewards = self.algorithm == "ppo" and self.critic.use_critic_rewards
-        if self.reward is None and not critic_rewards:
-            raise ValueError(
-                "reward: required field is missing (give reward.function, reward.model_path or reward.server_url; "
-                "only algorithm: ppo with critic.use_critic_rewards: true goes without)"
+
+# ------------------------------------------------------------------------------------------------- combinations
+COMBINATION_ERROR = "combination"  # the pydantic error type of a rule of `combination_errors`
+
+
+def combination_errors(config: TrainConfig) -> list[tuple[str, str]]:
+    """Every rule about which settings go together, in one place: (dotted field, reason) for each rule `config`
+    breaks, the reason naming the other fields (`model.backend`: "megatron cannot be combined with model.lora ...").
+
+    Decided on the config alone (no optional extra is imported), so `load_config`, the CLI and the service's API
+    refuse such a run before it is queued or loads a model. What needs the run itself (the number of processes,
+    the size of the data, what a server answers) is checked by the trainers' `setup`; a section's own ranges (min_lr
+    <= lr, ...) by its section. docs/configuration.md lists these rules.
+    """
+    model, reinforce, trainer = config.model, config.reinforce, config.trainer
+    megatron, ppo = model.backend == "megatron", config.algorithm == "ppo"
+    broken: list[tuple[str, str]] = []
+
+    # Sources: where rewards and values come from.
+    if config.reward is None and not (ppo and config.critic.use_critic_rewards):
+        broken.append(
+            (
+                "reward",
+                "required field is missing (give reward.function, reward.model_path or reward.server_url; only "
+                "algorithm: ppo with critic.use_critic_rewards: true goes without)",
             )
-        if self.algorithm == "ppo" and not (self.critic.server_url or self.critic.model_path):
-            raise ValueError(
+        )
+    if ppo and not (config.critic.server_url or config.critic.model_path):
+        broken.append(
+            (
+                "critic",
                 "algorithm: ppo needs a critic: give critic.server_url (a running `aligner serve-critic`) or "
-                "critic.model_path (a reward-model folder `aligner train` starts a critic server from)"
+                "critic.model_path (a reward-model folder `aligner train` starts a critic server from)",
             )
-        return self
+        )
+
+    # Precision and parallelism.
+    if model.precision == "bf16-mixed" and model.dtype != "float32":
+        broken.append(
+            (
+                "model.precision",
+                f"bf16-mixed keeps float32 master weights: set model.dtype: float32 (not {model.dtype})",
+            )
+        )
+    if not megatron:
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+            if getattr(model, name) > 1:
+                broken.append((f"model.{name}", f"{getattr(model, name)} needs model.backend: megatron"))
+
+    # What the Megatron backend trains: the full model, one optimiser step per rollout, in model.dtype.
+    if megatron:
+        refused = {
+            f"model.lora (r: {model.lora.r}): Megatron trains every weight; set model.lora.r: 0": model.lora.r > 0,
+            "model.precision: bf16-mixed (Megatron runs in model.dtype)": model.precision == "bf16-mixed",
+            "reinforce.loss_aggregation: nemo (Megatron takes one optimiser step per rollout, with token_mean or "
+            "seq_mean)": not ppo and reinforce.loss_aggregation == "nemo",
+            f"reinforce.num_mini_batches: {reinforce.num_mini_batches} (Megatron takes one optimiser step per "
+            "rollout): set it to 1": not ppo and reinforce.num_mini_batches > 1,
+            # The ranks of one model-parallel group must see the same prompts; the queue deals chunks to single ranks.
+            "reinforce.dynamic_batching (the ranks of a model-parallel group must see the same prompts)": (
+                reinforce.dynamic_batching
+            ),
+        }
+        broken += [
+            ("model.backend", f"megatron cannot be combined with {what}") for what, bad in refused.items() if bad
+        ]
+        if not _megatron_installed():
+            broken.append(("model.backend", "megatron needs the optional extra: pip install 'aligner[megatron]'"))
+    if ppo and megatron:
+        broken.append(
+            ("algorithm", "ppo cannot be combined with model.backend: megatron (PPO trains with backend hf)")
+        )
+
+    # Generation.
+    if config.generation.engine == "vllm" and model.lora.r > 0:
+        broken.append(
+            (
+                "generation.engine",
+                f"vllm cannot be combined with model.lora (r: {model.lora.r}): the engine loads whole weights, not "
+                "adapters; use generation.engine torch or hf",
+            )
+        )
+
+    # trainer.async_rollouts overlaps generation with the update, one step off-policy.
+    if trainer.async_rollouts:
+        refused = {
+            "algorithm: ppo (its critic scores each rollout on-policy)": ppo,
+            "model.backend: megatron": megatron,
+            "reinforce.dynamic_batching (its queue is collective; collectives stay on the training thread)": (
+                reinforce.dynamic_batching
+            ),
+        }
+        broken += [
+            ("trainer.async_rollouts", f"1 cannot be combined with {what}: set it to 0")
+            for what, bad in refused.items()
+            if bad
+        ]
+    return broken
+
+
+def _field_value(config: Section, dotted: str) -> Any:
+    value: Any = config
+    for name in dotted.split("."):
+        value = getattr(value, name)
+    return value
 
 
 # Fields holding paths, resolved against the config file's folder when relative; "*" is every entry of a mapping.
@@ -741,7 +817,7 @@ def validation_error_lines(err: ValidationError, prefix: str = "") -> list[str]:
         elif e["type"] == "missing":
             msg = "required field is missing"
         got = e.get("input")
-        if e["type"] not in ("missing", "extra_forbidden") and not isinstance(got, dict):
+        if e["type"] not in ("missing", "extra_forbidden", COMBINATION_ERROR) and not isinstance(got, dict):
             msg += f" (got {got!r})"
         lines.append(f"{field}: {msg}")
     return lines

@@ -1,11 +1,13 @@
-"""Where a run directory keeps its checkpoints: shared by the trainers, which write them, and the service's
-worker and ingestor, which read them. Torch-free on purpose, so the worker can import it without loading torch.
+"""Where a run directory keeps its checkpoints and says how the run ended: shared by the trainers, which write them,
+and the service's worker and ingestor, which read them. Torch-free on purpose, so the worker can import it without
+loading torch.
 
     run_dir/checkpoints/step_000012/trainer_state.pt   a complete checkpoint (written as step_000012.tmp, renamed)
     run_dir/checkpoints/step_000012/critic/            PPO: the critic saved with that step
     run_dir/checkpoints/step_000012/manifest.json      size and CRC-32 of every other file, written last
     run_dir/checkpoints/step_000010.damaged/           a checkpoint that failed verification, set aside
     run_dir/checkpoints/best.json                      the best validation checkpoint
+    run_dir/end.json                                   how the run ended (`RunEnd`), written once at its end
 
 Every file of a checkpoint is fsync'd, then its manifest, then the folder, before the rename
 (`aligner.trainers.checkpoint.commit_checkpoint`): a `step_N` folder is complete unless the disk lost or changed
@@ -18,9 +20,10 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from aligner.durable import CHECKSUM, file_checksum, replace_durably
+from aligner.durable import CHECKSUM, file_checksum, replace_durably, write_text_durably
 
 CHECKPOINT_DIR = "checkpoints"
 STATE_FILE = "trainer_state.pt"
@@ -162,3 +165,47 @@ ADAPTER_DIR = "adapter"  # in a checkpoint, instead of "policy", with model.lora
 MEGATRON_OPTIMIZER_FILE = "megatron_optimizer_rank{rank:05d}.pt"  # model.backend=megatron: one per rank
 
 CRITIC_LOG = "critic_server.log"  # in the run folder, when the critic server is started here
+
+
+# How a run ended, written once by the trainer when its loop ends (`write_end`) and read by the service's worker
+# (`read_end`), which decides the job's state from it. One of:
+COMPLETED = "completed"  # reached its last step (trainer.max_steps, or fewer by max_epochs): final_policy/ is written
+MAX_TIME = "max_time"  # trainer.max_time was up: stopped at a step boundary with a checkpoint; --resume continues
+STOPPED = "stopped"  # asked to stop (SIGTERM, a first Ctrl-C, a cancel): stopped at a step boundary with a checkpoint
+SERVER_UNAVAILABLE = "server_unavailable"  # a reward or critic server stayed away past its unavailable_timeout_s
+FAILED = "failed"  # an error ended the loop (the message says which)
+END_REASONS = (COMPLETED, MAX_TIME, STOPPED, SERVER_UNAVAILABLE, FAILED)
+# {"end": reason, "step": last completed step, "total_steps": the run's length, "message": for the user}. A launch
+# killed outright (SIGKILL, the OOM killer), or failing before its loop starts, leaves none: the trainer removes the
+# record of an earlier launch as it starts, and the worker before it launches one.
+END_FILE = "end.json"
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    end: str  # one of END_REASONS
+    step: int
+    total_steps: int
+    message: str = ""
+
+
+def write_end(run_dir: str | Path, record: RunEnd) -> None:
+    """Write the run's end record (atomically and durably: a reader sees all of it or nothing)."""
+    if record.end not in END_REASONS:
+        raise ValueError(f"unknown end {record.end!r}: one of {', '.join(END_REASONS)}")
+    write_text_durably(Path(run_dir) / END_FILE, json.dumps(asdict(record)) + "\n")
+
+
+def read_end(run_dir: str | Path) -> RunEnd | None:
+    """The run's end record; None when there is none, or it cannot be read as one (then nothing was said)."""
+    try:
+        data = json.loads((Path(run_dir) / END_FILE).read_text())
+        record = RunEnd(str(data["end"]), int(data["step"]), int(data["total_steps"]), str(data.get("message", "")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return record if record.end in END_REASONS else None
+
+
+def clear_end(run_dir: str | Path) -> None:
+    """Remove an earlier launch's end record: a launch starting says nothing yet."""
+    (Path(run_dir) / END_FILE).unlink(missing_ok=True)

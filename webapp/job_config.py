@@ -45,7 +45,7 @@ from aligner.generation.engines import VLLM_EXTRA, vllm_available
 from aligner.rewards.builtins import BUILTIN_REWARDS, validate_builtin_params
 from aligner.servers.launch import check_critic_overrides
 from webapp.catalogue import find_dataset, find_model, find_server, reward_target
-from webapp.db import ALGORITHMS, CRITIC, POLICY, PPO, REWARD, TOKENIZER, CatalogueModel, Job, User
+from webapp.db import ALGORITHMS, CRITIC, POLICY, REWARD, TOKENIZER, CatalogueModel, Job, User
 
 # Sizes (and waits) a single job may ask for; an operator changes them with ALIGNER_JOB_LIMITS or the app's JOB_LIMITS.
 # Integers are capped at INT64_MAX without a limit here; a float field only when it has one.
@@ -431,15 +431,10 @@ def validate_job_config(
             if as_reward is not None and as_reward[1].count(".") == 1:
                 failed_sections.add(as_reward[0])
         for field, reasons in config_errors(err).items():
+            if field == "config.critic" and any("needs a critic" in reason for reason in reasons):
+                reasons = [NEEDS_CRITIC]  # said in the API's terms: catalogue entries, the worker's server
             if field not in errors and field.removeprefix("config.") not in failed_sections:
                 errors[field] = reasons
-        root = errors.pop("config", [])
-        if algorithm == PPO and any("needs a critic" in reason for reason in root):
-            root = [reason for reason in root if "needs a critic" not in reason]
-            if "critic" not in failed_sections:
-                errors.setdefault("config.critic", [NEEDS_CRITIC])
-        if root:
-            errors["config"] = root
         return errors
     if errors:
         return errors

@@ -21,10 +21,14 @@
    and honour a cancel: SIGTERM to the trainer's group (it stops at the next step boundary with a checkpoint),
    SIGKILL after `cancel_grace` seconds. A health alarm in the job's `health.pause_on` that starts firing stops the
    trainer the same way.
-5. End: exit 0 -> succeeded; a cancel -> cancelled; a pausing alarm -> paused (a cancel meanwhile wins); the worker
-   stopping (SIGTERM, worker/shutdown.py) -> the job goes back to the queue without counting an attempt, its message
-   sent again; a trainer killed by a signal from outside -> re-queued (an attempt counted); another non-zero status
-   -> failed with the trainer's error message and the tail of train.log. Every status change is conditional
+5. End. The trainer says how its run ended in one record, RUN_DIR/end.json (`aligner.run_layout.RunEnd`; the
+   worker removes an earlier launch's before it launches): completed -> succeeded; else a cancel -> cancelled; a
+   pausing alarm -> paused (a cancel meanwhile wins); the worker stopping (SIGTERM, worker/shutdown.py) -> the job
+   goes back to the queue without counting an attempt, its message sent again; max_time -> paused, to be resumed;
+   stopped (a SIGTERM nobody here sent) -> failed, resumable; server_unavailable or failed -> failed with the
+   trainer's message and the tail of train.log. Without a record (killed outright, or failed before its loop):
+   killed by a signal from outside (the OOM killer) -> re-queued (an attempt counted); another exit status -> failed
+   with the trainer's error message and the tail of train.log. Every status change is conditional
    (`webapp.db.transition`); one that races a cancel is decided again. Whatever happens in the worker, the trainer's
    whole process group is killed on the way out.
 
@@ -69,13 +73,18 @@ from aligner.errors import ServerStartError
 from aligner.health import Alarm
 from aligner.processes import die_with_parent, minimal_env, signal_group
 from aligner.run_layout import (
+    COMPLETED,
     CRITIC_LOG,
+    END_FILE,
     EVENTS_FILE,
-    FINAL_POLICY_DIR,
+    MAX_TIME,
     METRICS_FILE,
     SAMPLES_FILE,
+    STOPPED,
     checkpoint_steps,
+    clear_end,
     damaged_message,
+    read_end,
     resume_checkpoint,
 )
 from aligner.trainers.run_log import truncate_after
@@ -143,12 +152,13 @@ def read_tail(path: Path, start: int = 0, lines: int = ERROR_TAIL_LINES, chars: 
     return tail[-chars:]
 
 
-def failure_message(returncode: int, tail: str) -> str:
-    """A first line saying why (the trainer's own error message when it printed one), then the log's tail."""
+def failure_message(returncode: int, tail: str, reason: str | None = None) -> str:
+    """A first line saying why (`reason`, the trainer's end record's; else its own error message when it printed
+    one), then the log's tail."""
     marker = "aligner train: error:"
-    if marker in tail:
+    if not reason and marker in tail:
         reason = tail[tail.rindex(marker) :].strip()
-    else:
+    elif not reason:
         reason = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "no output")
     if returncode < 0:
         name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
@@ -177,26 +187,6 @@ class Launch:
     resume_step: int | None
     config: dict[str, Any] = field(default_factory=dict)  # what job.yaml holds
     critic: CriticPlan | None = None
-    prepared_at: float = field(default_factory=time.time)  # before the trainer starts: what it writes is newer
-
-
-def finished_this_launch(launch: Launch) -> bool:
-    """The trainer wrote its final policy in this launch: it reached its end, max_steps or trainer.max_epochs."""
-    final = launch.run_dir / FINAL_POLICY_DIR
-    return final.is_dir() and final.stat().st_mtime >= launch.prepared_at
-
-
-def time_limit_stop(run_dir: Path) -> str | None:
-    """The trainer's message when this launch stopped at its trainer.max_time (an events.jsonl row with
-    `"stop": "max_time"`), else None."""
-    message = None
-    path = run_dir / EVENTS_FILE
-    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
-        with contextlib.suppress(ValueError):  # a line cut short by a crash says nothing
-            row = json.loads(line)
-            if isinstance(row, dict) and row.get("stop") == "max_time":
-                message = str(row.get("message") or "trainer.max_time reached")
-    return message
 
 
 class JobRun:
@@ -323,6 +313,7 @@ class JobRun:
             else:
                 truncate_after(run_dir / name, resume_step)
         (run_dir / EVENTS_FILE).unlink(missing_ok=True)  # relayed into SQL already: a launch's events start afresh
+        clear_end(run_dir)  # the end record read after this launch is this launch's, or there is none
         job.run_dir, job.max_steps = str(run_dir), config.trainer.max_steps
         command = trainer_command(config_path, resume_step is not None, job.num_processes, settings.python)
         return Launch(run_dir, config_path, command, resume_step, resolved, critic)
@@ -535,9 +526,7 @@ class JobRun:
             if not holds_lease(job, self.owner):
                 return self._lost_lease()
             cancelled = job.cancel_requested or job.status == CANCELLING
-            ended = job.step >= job.max_steps or finished_this_launch(launch)  # max_steps, or max_epochs first
-            completed = returncode == 0 and ended and (launch.run_dir / FINAL_POLICY_DIR).is_dir()
-            out_of_time = time_limit_stop(launch.run_dir) if returncode == 0 and not completed else None
+            end = read_end(launch.run_dir)  # how the trainer says its run ended; None: it died without saying
             newest = max(checkpoint_steps(launch.run_dir), default=None)
             where = starting_point(newest)
             # How a stop the worker asked for (a cancel, a pause) ended, for its event.
@@ -545,7 +534,7 @@ class JobRun:
             if killed:
                 stopped += f"; killed {settings.cancel_grace:.0f} s after SIGTERM"
             signalled = returncode < 0 and -returncode in signal.valid_signals()
-            if completed:
+            if end is not None and end.end == COMPLETED:
                 transition(session, job, SUCCEEDED, error=None, devices=None)
             elif cancelled:
                 transition(session, job, CANCELLED, error=None, devices=None)
@@ -557,11 +546,23 @@ class JobRun:
                 add_event(session, job.id, "log", {"message": message, "alarm": alarm})
             elif self.handing_back:
                 return self._hand_back(launch, f"worker {self.owner} stopped", session=session)
-            elif out_of_time is not None:
+            elif end is not None and end.end == MAX_TIME:
                 # A clean stop the config asked for: resumable like a pause, with the time counted afresh.
                 transition(session, job, PAUSED, error=None, devices=None)
-                message = f"paused: {out_of_time}; resume the job to continue (trainer.max_time counts per launch)"
-                add_event(session, job.id, "log", {"message": message, "stop": "max_time"})
+                message = f"paused: {end.message}; resume the job to continue (trainer.max_time counts per launch)"
+                add_event(session, job.id, "log", {"message": message, "stop": MAX_TIME})
+            elif end is not None and end.end == STOPPED:
+                transition(
+                    session,
+                    job,
+                    FAILED,
+                    error=f"the trainer stopped at step {end.step} of {end.total_steps} without a cancel (was it sent "
+                    f"SIGTERM from outside?); resume the job to continue\n\n--- last lines of {TRAIN_LOG_FILE} ---\n"
+                    f"{tail}",
+                    devices=None,
+                )
+            elif end is not None:  # server_unavailable, failed: the trainer's own word on what went wrong
+                transition(session, job, FAILED, error=failure_message(returncode, tail, end.message), devices=None)
             elif signalled and job.attempts < settings.max_attempts:
                 # Killed from outside (the OOM killer, an operator): worth another attempt from the last checkpoint;
                 # a trainer that raised an error exits with a status instead, and would only raise it again.
@@ -574,15 +575,8 @@ class JobRun:
                 add_event(session, job.id, "log", {"message": message, "level": "warning"})
                 requeued = True
             elif returncode == 0:
-                transition(
-                    session,
-                    job,
-                    FAILED,
-                    error=f"the trainer stopped at step {job.step} of {job.max_steps} without a cancel (was it sent "
-                    f"SIGTERM from outside?); resume the job to continue\n\n--- last lines of {TRAIN_LOG_FILE} ---\n"
-                    f"{tail}",
-                    devices=None,
-                )
+                reason = f"no end record ({END_FILE}): how its run ended is unknown; resume the job to continue"
+                transition(session, job, FAILED, error=failure_message(returncode, tail, reason), devices=None)
             else:
                 transition(session, job, FAILED, error=failure_message(returncode, tail), devices=None)
             status, error = job.status, job.error

@@ -112,8 +112,7 @@ class PPOTrainer(ReinforceTrainer):
         cfg = self.config
         if cfg.algorithm != "ppo":
             raise ConfigError(f"PPOTrainer runs algorithm: ppo configs; this one has algorithm: {cfg.algorithm}")
-        if cfg.model.backend != "hf":
-            raise ConfigError("algorithm: ppo trains with model.backend: hf only")
+        self._take_run_dir(resume)  # before a critic server starts for a run that cannot go on here
         # The ranks agree on the checkpoint to resume and on who starts the critic server: the group comes first.
         distributed.init(resolve_device(cfg.model.device))
         # The newest intact checkpoint (verified once: the base setup resumes from it), whose critic the server

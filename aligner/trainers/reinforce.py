@@ -31,6 +31,10 @@ and "... is back" events (`_server_wait`). Past the limit the step under way is 
 checkpointed if it is not yet (`_give_up`), and the `ServerUnavailableError` ends the run (`aligner train: error:`).
 A stop request (SIGTERM) ends the waiting: the step is dropped and the run stops as it would at a step boundary.
 
+However the loop ends, `fit` writes one end record, `run_dir/end.json` (`run_layout.RunEnd`: completed, max_time,
+stopped, server_unavailable or failed, with the step reached), which the service's worker reads to decide the job's
+state; `setup` removes an earlier launch's (docs/training.md, "How a run ends").
+
 Under torchrun each rank generates for its share of the step's global prompts; the loss normaliser and the
 gradients are summed over ranks, so every rank takes the update one process would take on the whole batch.
 Metrics are reduced over ranks, and rank 0 alone writes files.
@@ -98,15 +102,23 @@ from aligner.run_layout import (
     ADAPTER_DIR,
     BEST_FILE,
     CHECKPOINT_DIR,
+    COMPLETED,
+    FAILED,
     FINAL_POLICY_DIR,
+    MAX_TIME,
     MEGATRON_OPTIMIZER_FILE,
+    SERVER_UNAVAILABLE,
     STATE_FILE,
+    STOPPED,
+    RunEnd,
     checkpoint_name,
     checkpoint_steps,
+    clear_end,
     damaged_message,
     list_checkpoints,
     resume_checkpoint,
     set_aside,
+    write_end,
 )
 from aligner.trainers.checkpoint import (
     UnreadableCheckpoint,
@@ -167,27 +179,18 @@ class ReinforceTrainer:
         self.extra_reward_clients: dict[str, Any] = {}  # validation.extra_rewards' clients, by name
         self.ahead: PendingGeneration | None = None  # trainer.async_rollouts: the next step's samples, under way
         self._background: ThreadPoolExecutor | None = None  # ... and the thread that generates them
+        self._time_up: str | None = None  # trainer.max_time stopped this launch: the message saying so
+        self.end: RunEnd | None = None  # how `fit` ended (run_layout.END_FILE)
 
     # ----------------------------------------------------------------------------------------------- setup
     def setup(self, resume: bool = False) -> None:
         cfg = self.config
-        # Input that can be wrong is checked before any model loads.
-        if self.uses_megatron and self.uses_lora:
-            raise ConfigError("model.backend=megatron trains the full model: model.lora.r must be 0")
-        if self.uses_megatron and (cfg.reinforce.loss_aggregation == "nemo" or cfg.reinforce.num_mini_batches > 1):
-            raise ConfigError(
-                "model.backend=megatron takes one optimiser step per rollout with loss_aggregation token_mean or "
-                "seq_mean: set reinforce.num_mini_batches: 1 and another reinforce.loss_aggregation"
-            )
+        # Input that can be wrong is checked before any model loads; which settings go together, the config has
+        # checked already (aligner/config.py, combination_errors): what is left needs the run.
         require_packages(cfg.logging)
         train_records = read_prompt_file(cfg.data.train_file)
         val_records = read_prompt_file(cfg.data.val_file)
-        checkpoints = list_checkpoints(self.run_dir)
-        if checkpoints and not resume:
-            raise RunDirError(
-                f"run_dir {self.run_dir} already holds checkpoints (newest: {checkpoints[-1].name}); "
-                "pass --resume to continue it, or choose another run_dir"
-            )
+        checkpoints = self._take_run_dir(resume)
         if resume and not checkpoints and not self.skipped_checkpoints:
             print(f"no checkpoint in {self.run_dir}: starting from the beginning", file=sys.stderr)
         if self.uses_lora:
@@ -285,13 +288,23 @@ class ReinforceTrainer:
         for step, reason in self.skipped_checkpoints:
             self.log.log_event(step, damaged_message(step, reason, resume_step), level="warning")
 
+    def _take_run_dir(self, resume: bool) -> list[Path]:
+        """The run dir's checkpoints, once this launch may use it (a used one only to resume); the end record of an
+        earlier launch goes: this one writes its own when its loop ends."""
+        checkpoints = list_checkpoints(self.run_dir)
+        if checkpoints and not resume:
+            raise RunDirError(
+                f"run_dir {self.run_dir} already holds checkpoints (newest: {checkpoints[-1].name}); "
+                "pass --resume to continue it, or choose another run_dir"
+            )
+        if distributed.is_main():
+            clear_end(self.run_dir)
+        return checkpoints
+
     def _check_dynamic_batching(self) -> None:
         cfg = self.config.reinforce
         if not cfg.dynamic_batching:
             return
-        if self.uses_megatron:
-            # The ranks of one model-parallel group must see the same prompts; the queue deals to single ranks.
-            raise ConfigError("reinforce.dynamic_batching works with model.backend: hf only")
         chunks = -(-cfg.num_prompts_per_step // cfg.dynamic_batching_prompts)
         if chunks < distributed.dp_size():
             raise ConfigError(
@@ -376,7 +389,44 @@ class ReinforceTrainer:
     # ----------------------------------------------------------------------------------------------- the loop
     def fit(self, until_step: int | None = None) -> None:
         """Train to `total_steps` (trainer.max_steps, or fewer by trainer.max_epochs), or stop early with a checkpoint
-        (as a cancel would) at `until_step` or once this launch has run `trainer.max_time`."""
+        (as a cancel would) at `until_step` or once this launch has run `trainer.max_time`. However it ends, the end
+        record says how (`self.end`, run_layout.END_FILE)."""
+        self._time_up = None
+        try:
+            self._train(until_step)
+        except ServerUnavailableError as err:
+            self._end(SERVER_UNAVAILABLE, str(err), failing=True)
+            raise
+        except KeyboardInterrupt:
+            message = f"interrupted after step {self.step} (a second Ctrl-C): the step under way was dropped"
+            self._end(STOPPED, message, failing=True)
+            raise
+        except BaseException as err:
+            self._end(FAILED, f"{type(err).__name__}: {err}", failing=True)
+            raise
+        if self.step >= self.total_steps:
+            self._end(
+                COMPLETED, f"completed step {self.step} of {self.total_steps}: final policy in {FINAL_POLICY_DIR}/"
+            )
+        elif self._time_up is not None:
+            self._end(MAX_TIME, self._time_up)
+        else:
+            self._end(STOPPED, f"stopped at step {self.step} of {self.total_steps} on request; continue with --resume")
+
+    def _end(self, end: str, message: str, failing: bool = False) -> None:
+        """Write the end record (rank 0). `failing`: on the way out of an error, which a disk error here must not
+        hide (no record then reads as a crash, which it is)."""
+        self.end = RunEnd(end, self.step, self.total_steps, message)
+        if not distributed.is_main():
+            return
+        try:
+            write_end(self.run_dir, self.end)
+        except OSError as err:
+            if not failing:
+                raise
+            print(f"WARNING: could not write the end record in {self.run_dir}: {err}", file=sys.stderr)
+
+    def _train(self, until_step: int | None) -> None:
         cfg = self.config.trainer
         total = self.total_steps
         clock = RunClock(cfg.max_time)
@@ -465,7 +515,8 @@ class ReinforceTrainer:
         )
         if distributed.is_main():
             print(message, file=sys.stderr)
-        self.log.log_event(self.step, message, level="warning", stop="max_time")
+        self.log.log_event(self.step, message, level="warning", stop=MAX_TIME)
+        self._time_up = message
         self.request_stop()
 
     def _reward_clients(self) -> list:

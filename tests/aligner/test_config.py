@@ -149,3 +149,99 @@ def test_bad_extra_rewards_name_the_field(tmp_path, extra, message):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, MINIMAL + f"validation:\n  extra_rewards: {extra}\n"))
     assert message in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------------- combinations
+PPO = ["algorithm=ppo", "critic.server_url=http://127.0.0.1:9"]
+MEGATRON = ["model.backend=megatron"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line", "neighbour"),
+    [
+        (MEGATRON + ["model.lora.r=8"], "model.backend: megatron cannot be combined with model.lora (r: 8)", MEGATRON),
+        (["model.lora.r=8"] + MEGATRON, "megatron cannot be combined with model.lora", ["model.lora.r=8"]),
+        (
+            MEGATRON + ["reinforce.loss_aggregation=nemo"],
+            "model.backend: megatron cannot be combined with reinforce.loss_aggregation: nemo",
+            MEGATRON + ["reinforce.loss_aggregation=seq_mean"],
+        ),
+        (
+            MEGATRON + ["reinforce.num_mini_batches=2"],
+            "model.backend: megatron cannot be combined with reinforce.num_mini_batches: 2",
+            ["reinforce.num_mini_batches=2"],
+        ),
+        (
+            MEGATRON + ["reinforce.dynamic_batching=true"],
+            "model.backend: megatron cannot be combined with reinforce.dynamic_batching",
+            ["reinforce.dynamic_batching=true"],
+        ),
+        (
+            MEGATRON + ["model.precision=bf16-mixed"],
+            "model.backend: megatron cannot be combined with model.precision: bf16-mixed",
+            ["model.precision=bf16-mixed"],
+        ),
+        (PPO + MEGATRON, "algorithm: ppo cannot be combined with model.backend: megatron", PPO),
+        (
+            ["model.precision=bf16-mixed", "model.dtype=bfloat16"],
+            "model.precision: bf16-mixed keeps float32 master weights: set model.dtype: float32 (not bfloat16)",
+            ["model.dtype=bfloat16"],
+        ),
+        (
+            ["model.tensor_model_parallel_size=2"],
+            "model.tensor_model_parallel_size: 2 needs model.backend: megatron",
+            MEGATRON + ["model.tensor_model_parallel_size=2"],
+        ),
+        (
+            ["model.pipeline_model_parallel_size=2"],
+            "model.pipeline_model_parallel_size: 2 needs model.backend: megatron",
+            MEGATRON + ["model.pipeline_model_parallel_size=2"],
+        ),
+        (
+            ["generation.engine=vllm", "model.lora.r=4"],
+            "generation.engine: vllm cannot be combined with model.lora (r: 4)",
+            ["generation.engine=vllm"],
+        ),
+        (
+            ["trainer.async_rollouts=1"] + PPO,
+            "trainer.async_rollouts: 1 cannot be combined with algorithm: ppo",
+            PPO,
+        ),
+        (
+            ["trainer.async_rollouts=1"] + MEGATRON,
+            "trainer.async_rollouts: 1 cannot be combined with model.backend: megatron",
+            ["trainer.async_rollouts=1"],
+        ),
+        (
+            ["trainer.async_rollouts=1", "reinforce.dynamic_batching=true"],
+            "trainer.async_rollouts: 1 cannot be combined with reinforce.dynamic_batching",
+            ["reinforce.dynamic_batching=true"],
+        ),
+        (["algorithm=ppo"], "critic: algorithm: ppo needs a critic: give critic.server_url", PPO),
+        (
+            ["reward=null"],
+            "reward: required field is missing (give reward.function",
+            PPO + ["reward=null", "critic.use_critic_rewards=true"],
+        ),
+    ],
+)
+def test_each_combination_rule_names_its_fields_and_a_neighbour_passes(
+    tmp_path, monkeypatch, overrides, line, neighbour
+):
+    """Whether megatron-core is installed or not, the rules are the config's alone."""
+    monkeypatch.setattr("aligner.config._megatron_installed", lambda: True)
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, MINIMAL), overrides)
+    assert line in str(err.value)
+    load_config(write(tmp_path, MINIMAL), neighbour)
+
+
+def test_every_broken_combination_is_said_at_once_with_or_without_megatron(tmp_path, monkeypatch):
+    monkeypatch.setattr("aligner.config._megatron_installed", lambda: False)
+    overrides = MEGATRON + ["model.lora.r=8", "reinforce.dynamic_batching=true", "trainer.async_rollouts=1"]
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, MINIMAL), overrides)
+    lines = str(err.value).splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in lines] == ["model.backend"] * 3 + ["trainer.async_rollouts"] * 2
+    assert "megatron needs the optional extra: pip install 'aligner[megatron]'" in lines[2]
+    assert all("(got " not in line for line in lines)  # the reason names the values; no repr of a section

@@ -2,16 +2,24 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from aligner.run_layout import (
     CHECKPOINT_DIR,
     CRITIC_DIR,
+    END_FILE,
+    END_REASONS,
     MANIFEST_FILE,
     STATE_FILE,
+    RunEnd,
     checkpoint_problem,
     checkpoint_steps,
+    clear_end,
     critic_checkpoint,
     damaged_message,
+    read_end,
     resume_checkpoint,
+    write_end,
 )
 from tests.helpers.checkpoints import FILES, flip_byte, tear, write_checkpoint
 
@@ -97,3 +105,20 @@ def test_setting_aside_replaces_an_older_damaged_copy_of_the_step(tmp_path):
     aside = tmp_path / CHECKPOINT_DIR / "step_000004.damaged"
     assert not (aside / "policy" / "model.safetensors").exists()  # the newer damaged copy
     assert [p.name for p in (tmp_path / CHECKPOINT_DIR).iterdir()] == ["step_000004.damaged"]
+
+
+def test_the_end_record_round_trips_and_anything_else_reads_as_none(tmp_path):
+    assert END_REASONS == ("completed", "max_time", "stopped", "server_unavailable", "failed")
+    assert read_end(tmp_path) is None
+    for reason in END_REASONS:
+        write_end(tmp_path, RunEnd(reason, 3, 10, f"ended: {reason}"))
+        assert read_end(tmp_path) == RunEnd(reason, 3, 10, f"ended: {reason}")
+    assert [p.name for p in tmp_path.iterdir()] == [END_FILE]  # written through a temporary file, renamed
+    with pytest.raises(ValueError, match="unknown end 'paused'"):
+        write_end(tmp_path, RunEnd("paused", 3, 10))
+    for text in ('{"end": "completed", "step": 3', '{"end": "exploded", "step": 3, "total_steps": 10}', "[]", ""):
+        (tmp_path / END_FILE).write_text(text)  # cut short, unknown, not a record: nothing was said
+        assert read_end(tmp_path) is None, text
+    clear_end(tmp_path)
+    clear_end(tmp_path)  # nothing to clear is fine
+    assert not (tmp_path / END_FILE).exists()

@@ -183,3 +183,23 @@ def test_generation_engine_vllm_only_where_vllm_is_installed(client, token, conf
     monkeypatch.setattr(webapp.job_config, "vllm_available", lambda: True)
     accepted = client.post("/api/v1/jobs", json={"name": "vllm", "config": config}, headers=bearer(token))
     assert accepted.status_code == 201, accepted.json
+
+
+@pytest.mark.parametrize("megatron_installed", [True, False])
+def test_settings_that_do_not_go_together_are_422_at_submit_naming_both_fields(
+    client, token, config, monkeypatch, megatron_installed
+):
+    """Megatron x LoRA is refused by the API, under model.backend with model.lora in the reason, before a job is
+    queued; whether megatron-core is installed here or not, the rule is the config's alone."""
+    monkeypatch.setattr("aligner.config._megatron_installed", lambda: megatron_installed)
+    config["model"] |= {"backend": "megatron", "lora": {"r": 8}}
+    response = client.post("/api/v1/jobs", json={"name": "x", "config": config}, headers=bearer(token))
+    assert response.status_code == 422, response.json
+    reasons = response.json["errors"]["config.model.backend"]
+    assert reasons[0].startswith("megatron cannot be combined with model.lora (r: 8)")
+    assert client.get("/api/v1/jobs", headers=bearer(token)).json["total"] == 0
+    config["model"]["lora"] = {"r": 0}
+    config["reinforce"] = {"num_mini_batches": 2}
+    response = client.post("/api/v1/jobs", json={"name": "x", "config": config}, headers=bearer(token))
+    assert response.status_code == 422
+    assert "reinforce.num_mini_batches: 2" in response.json["errors"]["config.model.backend"][0]

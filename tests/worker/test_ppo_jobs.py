@@ -25,7 +25,7 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from aligner.run_layout import CRITIC_LOG
+from aligner.run_layout import CRITIC_LOG, END_FILE
 from tests.helpers.service import PgSchema, Service, create_job, job_row, wait_for
 from webapp.db import Base, Event, Job, Metric, make_engine, make_session_factory, session_scope, transition
 from worker.processes import group_members, kill_leftover_critic
@@ -54,6 +54,11 @@ FAKE_TRAINER = textwrap.dedent(
     mode_file = pathlib.Path(sys.argv[0]).with_name("fake-trainer-mode")
     mode = mode_file.read_text() if mode_file.exists() else "succeed"
     first = 3 if "--resume" in args else 1
+    last = config["trainer"]["max_steps"]
+
+    def end(reason, n):  # how the run ended, as the real trainer says it
+        record = {{"end": reason, "step": n, "total_steps": last, "message": ""}}
+        (run_dir / "{end_file}").write_text(json.dumps(record))
 
     def step(n):
         with open(run_dir / "metrics.jsonl", "a") as f:
@@ -74,10 +79,12 @@ FAKE_TRAINER = textwrap.dedent(
             time.sleep(0.05)
         (run_dir / "checkpoints" / "step_1").mkdir(parents=True)
         (run_dir / "checkpoints" / "step_1" / "trainer_state.pt").write_bytes(b"x")
+        end("stopped", 1)
         sys.exit(0)
-    for n in range(first, config["trainer"]["max_steps"] + 1):
+    for n in range(first, last + 1):
         step(n)
     (run_dir / "final_policy").mkdir()
+    end("completed", last)
     """
 )
 
@@ -93,7 +100,7 @@ def factory(tmp_path):
 @pytest.fixture
 def fake_trainer(tmp_path) -> Path:
     path = tmp_path / "fake-python"
-    path.write_text(FAKE_TRAINER.format(python=sys.executable))
+    path.write_text(FAKE_TRAINER.format(python=sys.executable, end_file=END_FILE))
     path.chmod(0o755)
     return path
 

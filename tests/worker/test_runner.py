@@ -10,7 +10,16 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
-from aligner.run_layout import CHECKPOINT_DIR, CRITIC_LOG, METRICS_FILE, STATE_FILE, checkpoint_steps
+from aligner.run_layout import (
+    CHECKPOINT_DIR,
+    CRITIC_LOG,
+    END_FILE,
+    METRICS_FILE,
+    STATE_FILE,
+    RunEnd,
+    checkpoint_steps,
+    write_end,
+)
 from aligner.trainers.run_log import read_jsonl
 from tests.helpers.checkpoints import FILES, tear, write_checkpoint
 from tests.helpers.service import create_job, job_row, worker_settings
@@ -270,9 +279,12 @@ def test_a_torn_newest_checkpoint_is_skipped_and_what_follows_the_one_before_is_
     assert logs[1]["message"].endswith("training from checkpoint step 2")
 
 
-# A trainer that logs a KL of 2 a step (50 ms each) and, told SIGTERM, stops at the step boundary with a checkpoint.
+# A trainer that logs a KL of 2 a step (50 ms each) and, told SIGTERM, stops at the step boundary with a checkpoint;
+# it says how its run ended in end.json, as the real one does. With SCRIPT in the run folder it only does what that
+# says: write `record` as its end record (unless None), then exit with `status` (a negative one: killed by a signal).
+SCRIPT = "scripted_end.json"
 FAKE_TRAINER = """#!{python}
-import json, pathlib, signal, sys, time
+import json, os, pathlib, signal, sys, time
 import yaml
 
 args = sys.argv[1:]
@@ -280,6 +292,19 @@ config = yaml.safe_load(pathlib.Path(args[args.index("--config") + 1]).read_text
 run_dir, last = pathlib.Path(config["run_dir"]), config["trainer"]["max_steps"]
 last = min(last, config["trainer"].get("max_epochs") or last)  # here: an epoch is a step
 out_of_time = config["trainer"].get("max_time")  # here: the step after which the time is up
+
+def end(reason, n, message=""):
+    record = {{"end": reason, "step": n, "total_steps": last, "message": message}}
+    (run_dir / "{end_file}").write_text(json.dumps(record))
+
+if (run_dir / "{script}").exists():
+    script = json.loads((run_dir / "{script}").read_text())
+    if script["record"] is not None:
+        (run_dir / "{end_file}").write_text(json.dumps(script["record"]))
+    print("aligner train: error: from the log", file=sys.stderr)
+    if script["status"] < 0:
+        os.kill(os.getpid(), -script["status"])
+    sys.exit(script["status"])
 stop = []
 signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
 saved = [int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*")]
@@ -289,14 +314,14 @@ for n in range(max(saved) + 1 if "--resume" in args else 1, last + 1):
     time.sleep(0.05)
     if out_of_time == n:
         stop.append(1)
-        with (run_dir / "events.jsonl").open("a") as f:
-            f.write(json.dumps({{"step": n, "level": "warning", "message": "time is up", "stop": "max_time"}}) + "\\n")
     if stop or n == last:
         (run_dir / "checkpoints" / f"step_{{n:06d}}").mkdir(parents=True)
         (run_dir / "checkpoints" / f"step_{{n:06d}}" / "trainer_state.pt").write_bytes(b"x")
         if stop:
+            end("max_time" if out_of_time == n else "stopped", n, "time is up" if out_of_time == n else "")
             sys.exit(0)
 (run_dir / "final_policy").mkdir()
+end("completed", last)
 """
 
 
@@ -308,7 +333,7 @@ def fake_trainer_worker(tmp_path):
     engine = make_engine(f"sqlite:///{tmp_path / 'aligner.db'}")
     Base.metadata.create_all(engine)
     fake = tmp_path / "fake-python"
-    fake.write_text(FAKE_TRAINER.format(python=sys.executable))
+    fake.write_text(FAKE_TRAINER.format(python=sys.executable, end_file=END_FILE, script=SCRIPT))
     fake.chmod(0o755)
     return engine, make_session_factory(engine), worker_settings(tmp_path, python=str(fake), poll_interval=0.1)
 
@@ -362,4 +387,55 @@ def test_a_run_that_ends_at_max_epochs_succeeds_and_one_stopped_at_max_time_is_p
     with session_scope(factory) as session:
         last = session.scalars(select(Event).where(Event.job_id == timed).order_by(Event.id.desc())).first()
         assert last.payload["stop"] == "max_time" and "time is up" in last.payload["message"]
+    engine.dispose()
+
+
+END_OF = {
+    "completed": RunEnd("completed", 30, 30, "completed step 30 of 30"),
+    "max_time": RunEnd("max_time", 3, 30, "time limit trainer.max_time (60 s) reached after step 3"),
+    "stopped": RunEnd("stopped", 3, 30, "stopped at step 3 of 30 on request; continue with --resume"),
+    "server_unavailable": RunEnd("server_unavailable", 3, 30, "reward server http://rm:8000 cannot be reached"),
+    "failed": RunEnd("failed", 3, 30, "RuntimeError: the step broke"),
+}
+
+
+@pytest.mark.parametrize(
+    ("record", "status", "outcome", "said"),
+    [
+        ("completed", 0, "succeeded", None),
+        ("completed", 1, "succeeded", None),  # the run's outputs are complete; what failed after does not undo them
+        ("max_time", 0, "paused", None),
+        ("stopped", 0, "failed", "the trainer stopped at step 3 of 30 without a cancel (was it sent SIGTERM"),
+        ("server_unavailable", 2, "failed", "the trainer exited with status 2: reward server http://rm:8000 cannot"),
+        ("failed", 1, "failed", "the trainer exited with status 1: RuntimeError: the step broke"),
+        (None, 2, "failed", "the trainer exited with status 2: aligner train: error: from the log"),
+        (None, 0, "failed", "the trainer exited with status 0: no end record (end.json): how its run ended is"),
+        (None, -9, "queued", None),  # killed outright (the OOM killer): another attempt, as before
+    ],
+)
+def test_the_job_ends_as_the_trainers_end_record_says(tmp_path, job_config, record, status, outcome, said):
+    """The worker reads how the run ended from end.json; a stale record of an earlier launch is removed before the
+    trainer starts, so a launch that dies without writing one is a crash, whatever the last launch said."""
+    engine, factory, s = fake_trainer_worker(tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_end(run_dir, END_OF["completed"])  # an earlier launch's
+    script = {"record": None if record is None else vars(END_OF[record]), "status": status}
+    (run_dir / SCRIPT).write_text(json.dumps(script))
+    job_id = create_job(factory, job_config(max_steps=30), run_dir)
+    result = run_job(job_id, s, factory)
+    job = job_row(factory, job_id)
+    assert (result["outcome"], job.status) == (outcome, outcome), job.error
+    if said is None:
+        assert job.error is None
+    else:
+        assert job.error.startswith(said), job.error
+    if record == "max_time":
+        with session_scope(factory) as session:
+            last = session.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id.desc())).first()
+        assert last.payload == {
+            "message": f"paused: {END_OF['max_time'].message}; resume the job to continue (trainer.max_time counts "
+            "per launch)",
+            "stop": "max_time",
+        }
     engine.dispose()

@@ -3,7 +3,6 @@ import contextlib
 import pytest
 import torch
 
-from aligner.config import ModelConfig
 from aligner.modeling.cpu import BF16_ENV
 from aligner.modeling.device import BFloat16MatmulsInFloat32, autocast, bf16_emulation, bf16_note, compute_dtype
 from aligner.modeling.hf import copy_weights, frozen_copy, load_policy
@@ -106,17 +105,3 @@ def test_frozen_copy_casts_parameters_not_buffers_and_follows_copy_weights(tiny_
     copy_weights(copy, policy)
     for mine, theirs in zip(copy.parameters(), policy.parameters()):
         assert torch.equal(mine, theirs.to(torch.bfloat16))
-
-
-@pytest.mark.parametrize(
-    ("fields", "message"),
-    [
-        ({"dtype": "bfloat16"}, "keeps float32 master weights: set dtype: float32"),
-        ({"backend": "megatron"}, "works with backend: hf"),
-    ],
-)
-def test_bf16_mixed_refuses_what_it_cannot_keep(fields, message, monkeypatch):
-    monkeypatch.setattr("aligner.config._megatron_installed", lambda: True)
-    with pytest.raises(ValueError, match=message):
-        ModelConfig(policy_path="p", precision="bf16-mixed", **fields)
-    assert ModelConfig(policy_path="p").precision == "fp32"

@@ -14,11 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from pydantic import ValidationError
 
 pytest.importorskip("megatron.core")
 
-from aligner.config import ModelConfig  # noqa: E402
 from aligner.modeling import megatron as mb  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -118,20 +116,6 @@ def test_unsupported_shapes_are_refused():
         mb.megatron_config_from_hf(config, tensor_model_parallel_size=2)
     with pytest.raises(ValueError, match=r"num_hidden_layers \(2\) must divide by pipeline_model_parallel_size \(3\)"):
         mb.megatron_config_from_hf(config, pipeline_model_parallel_size=3)
-
-
-def test_model_config_backend_fields(monkeypatch):
-    config = ModelConfig(policy_path="p", backend="megatron", tensor_model_parallel_size=2)
-    assert config.tensor_model_parallel_size == 2
-    with pytest.raises(ValidationError, match="need backend: megatron"):
-        ModelConfig(policy_path="p", tensor_model_parallel_size=2)
-    config = ModelConfig(policy_path="p", backend="megatron", pipeline_model_parallel_size=2)
-    assert config.pipeline_model_parallel_size == 2
-    with pytest.raises(ValidationError, match="need backend: megatron"):
-        ModelConfig(policy_path="p", pipeline_model_parallel_size=2)
-    monkeypatch.setattr("aligner.config._megatron_installed", lambda: False)
-    with pytest.raises(ValidationError, match=r"needs the optional extra: pip install 'aligner\[megatron\]'"):
-        ModelConfig(policy_path="p", backend="megatron")
 
 
 # ----------------------------------------------------------------------------------------------- 2 processes

@@ -107,5 +107,5 @@ def test_async_resume_equals_straight_run(run_config):
     ],
 )
 def test_async_refuses_what_it_cannot_overlap(run_config, sections, what):
-    with pytest.raises(ConfigError, match=f"trainer.async_rollouts: 1 does not work with {what}"):
+    with pytest.raises(ConfigError, match=f"trainer.async_rollouts: 1 cannot be combined with {what}"):
         run_config(trainer=ASYNC, **sections)

@@ -13,13 +13,24 @@ from safetensors.torch import load_file
 
 from aligner.cli import main
 from aligner.config import config_from_dict, load_config
-from aligner.errors import ConfigError
+from aligner.errors import ConfigError, RunDirError
 from aligner.generation.generator import GenerationOutput
-from aligner.run_layout import BEST_FILE, CHECKPOINT_DIR, CRITIC_DIR, critic_checkpoint, list_checkpoints
+from aligner.run_layout import (
+    BEST_FILE,
+    CHECKPOINT_DIR,
+    CRITIC_DIR,
+    CRITIC_LOG,
+    RunEnd,
+    critic_checkpoint,
+    list_checkpoints,
+    read_end,
+    write_end,
+)
 from aligner.trainers.checkpoint import best_checkpoint
 from aligner.trainers.ppo import PPOTrainer, critic_rows
 from aligner.trainers.reinforce import ReinforceTrainer
 from aligner.trainers.run_log import read_jsonl
+from tests.helpers.checkpoints import write_checkpoint
 from tests.helpers.learning import assert_reward_rises
 from tests.helpers.rewards import letter_reward
 
@@ -95,6 +106,20 @@ def test_critic_rows_right_align_prompt_and_response_and_point_at_the_state_befo
     assert lengths.tolist() == [4, 4]
     # Response token j of row b follows the prefix ending at column P_b + j - 1.
     assert positions[0, :2].tolist() == [1, 2] and positions[1, :1].tolist() == [2]
+
+
+def test_a_used_run_dir_is_refused_before_a_critic_server_starts(run_config, tmp_path):
+    """Without --resume a run folder holding checkpoints is refused at once: no critic server is started for a run
+    that cannot go on, and the folder's end record (an earlier launch's) is left as it was."""
+    config = run_config(algorithm="ppo", critic={"model_path": str(tmp_path / "rm")})
+    write_checkpoint(tmp_path / "run", 2)
+    earlier = RunEnd("max_time", 2, 4, "time is up")
+    write_end(tmp_path / "run", earlier)
+    trainer = PPOTrainer(config)
+    with pytest.raises(RunDirError, match="pass --resume"):
+        trainer.setup()
+    assert trainer.critic_process is None and not (tmp_path / "run" / CRITIC_LOG).exists()
+    assert read_end(tmp_path / "run") == earlier
 
 
 # ------------------------------------------------------------------------------------------------ best checkpoint
@@ -211,8 +236,12 @@ def test_ppo_two_steps_resume_two_steps_equals_four_steps(run_config, reward_mod
     interrupted = run_config("resumed", **sections)
     first = ppo_train(interrupted, until_step=2)
     assert first.step == 2 and critic_checkpoint(first.run_dir).name == CRITIC_DIR
+    assert read_end(first.run_dir).end == "stopped"
     resumed = ppo_train(interrupted, resume=True)
     assert resumed.step == 4 and resumed.critic_process is None  # the server it started is stopped
+    assert read_end(resumed.run_dir) == RunEnd(
+        "completed", 4, 4, "completed step 4 of 4: final policy in final_policy/"
+    )
 
     a = load_file(straight.final_policy_dir / "model.safetensors")
     b = load_file(resumed.final_policy_dir / "model.safetensors")

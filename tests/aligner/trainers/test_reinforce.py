@@ -16,8 +16,10 @@ from aligner.run_layout import (
     MLFLOW_RUN_ID_FILE,
     STATE_FILE,
     TENSORBOARD_DIR,
+    RunEnd,
     checkpoint_problem,
     list_checkpoints,
+    read_end,
 )
 from aligner.trainers.reinforce import ReinforceTrainer
 from aligner.trainers.run_log import read_jsonl
@@ -67,6 +69,8 @@ def test_two_steps_resume_two_steps_equals_four_steps(run_config, capsys):
     interrupted = run_config("resumed", logging={"tensorboard": True, "mlflow": True}, **knobs)
     first = train(interrupted, until_step=2)
     assert first.step == 2 and not first.final_policy_dir.exists()
+    stopped = "stopped at step 2 of 4 on request; continue with --resume"
+    assert read_end(first.run_dir) == first.end == RunEnd("stopped", 2, 4, stopped)
     two = first.run_dir / CHECKPOINT_DIR / "step_000002"
     assert checkpoint_problem(two) is None and (two / MANIFEST_FILE).is_file()
     torn = shutil.copytree(two, two.with_name("step_000003"))
@@ -77,6 +81,9 @@ def test_two_steps_resume_two_steps_equals_four_steps(run_config, capsys):
     capsys.readouterr()
     resumed = train(interrupted, resume=True)
     assert resumed.step == 4 and resumed.resumed_from == two
+    assert read_end(resumed.run_dir) == RunEnd(
+        "completed", 4, 4, "completed step 4 of 4: final policy in final_policy/"
+    )
     assert [s for s, _ in resumed.skipped_checkpoints] == [4, 3]
     events = read_jsonl(resumed.run_dir / EVENTS_FILE)
     assert [(e["step"], e["level"]) for e in events] == [(4, "warning"), (3, "warning")]
@@ -182,15 +189,32 @@ def test_max_epochs_max_time_and_validation_off(run_config, monkeypatch):
     assert first.step == 1 and first.total_steps == 3 and not first.final_policy_dir.exists()
     assert [p.name for p in list_checkpoints(first.run_dir)] == ["step_000001"]
     events = read_jsonl(first.run_dir / EVENTS_FILE)
-    assert [e["step"] for e in events if e.get("stop") == "max_time"] == [1]
+    [time_up] = [e for e in events if e.get("stop") == "max_time"]
+    assert time_up["step"] == 1 and read_end(first.run_dir) == RunEnd("max_time", 1, 3, time_up["message"])
     monkeypatch.undo()
-    resumed = train(config, resume=True)
-    assert resumed.step == 3 and resumed.final_policy_dir.is_dir()
+    resumed = ReinforceTrainer(config)
+    resumed.setup(resume=True)
+    assert read_end(resumed.run_dir) is None  # the first launch's record is gone: this one has not ended yet
+    resumed.fit()
+    assert resumed.step == 3 and resumed.final_policy_dir.is_dir() and read_end(resumed.run_dir).end == "completed"
     assert resumed.sampler.state_dict() == {"epoch": 1, "index": 6, "num_prompts": 6}  # exactly two passes
     rows = read_jsonl(resumed.run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert not any(k.startswith("val/") for r in rows for k in r)
     assert [p.name for p in list_checkpoints(resumed.run_dir)] == ["step_000001", "step_000002", "step_000003"]
+
+
+def test_an_error_in_the_loop_ends_the_run_with_a_failed_end_record(run_config):
+    trainer = ReinforceTrainer(run_config(trainer={"max_steps": 2, "val_check_interval": 0}))
+    trainer.setup()
+
+    def broken(rollout):
+        raise RuntimeError("the step broke")
+
+    trainer.optimise = broken
+    with pytest.raises(RuntimeError, match="the step broke"):
+        trainer.fit()
+    assert read_end(trainer.run_dir) == RunEnd("failed", 0, 2, "RuntimeError: the step broke")
 
 
 def test_reference_stays_the_initial_policy(run_config):

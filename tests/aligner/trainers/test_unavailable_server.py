@@ -16,7 +16,7 @@ import torch
 from aligner.data.prompts import PromptSampler
 from aligner.errors import CriticServerUnavailableError, RewardServerUnavailableError
 from aligner.rewards.http import ServerWait
-from aligner.run_layout import STATE_FILE, checkpoint_steps
+from aligner.run_layout import STATE_FILE, RunEnd, checkpoint_steps, read_end
 from aligner.trainers.ppo import PPOTrainer
 from aligner.trainers.reinforce import ReinforceTrainer
 from aligner.trainers.run_log import read_jsonl
@@ -76,6 +76,7 @@ def test_a_reward_server_away_past_the_limit_stops_the_run_with_a_checkpoint_and
     )
     assert events[1]["message"].startswith(f"reward server {server.url} is back after 0.")
     assert events[3]["message"] == message
+    assert read_end(run_dir) == RunEnd("server_unavailable", 2, 4, message)
 
     server.recover()
     assert train(config, resume=True).step == 4
@@ -114,6 +115,7 @@ def test_a_ppo_critic_server_away_past_the_limit_stops_the_run_without_a_checkpo
     assert "Is `aligner serve-critic` running there? To wait longer, raise critic.unavailable_timeout_s" in message
     assert message.endswith("The run stopped at step 1; it has no checkpoint: run it again once the server is back.")
     assert checkpoint_steps(trainer.run_dir) == {} and trainer.critic is None  # the client is closed
+    assert read_end(trainer.run_dir) == RunEnd("server_unavailable", 1, 3, message)  # PPO's too
     events = read_jsonl(trainer.run_dir / "events.jsonl")
     assert [(e["step"], e["level"], e["wait"], e["server"]) for e in events] == [
         (1, "warning", "waiting", "critic"),
@@ -138,5 +140,6 @@ def test_a_stop_request_ends_the_wait_and_stops_at_the_last_completed_step(serve
     assert "stopped at step 1; continue with --resume" in capsys.readouterr().err
     events = read_jsonl(trainer.run_dir / "events.jsonl")
     assert [(e["step"], e["wait"]) for e in events] == [(1, "waiting"), (1, "stopped")]
+    assert read_end(trainer.run_dir).end == "stopped"
     assert [e["level"] for e in events] == ["warning", "warning"]
     assert events[1]["message"] == f"stopped waiting for reward server {server.url}: the run was asked to stop"
