@@ -260,6 +260,12 @@ def spec(name: str) -> MetricSpec | None:
     return GOLD_REWARD if is_gold_reward(name) else None
 
 
+def chart_of(name: str) -> str | None:
+    """The title of the Job page chart that draws metric `name`; None: none does (or no trainer logs it)."""
+    found = spec(name)
+    return found.chart if found else None
+
+
 def names(by: str | None = None) -> list[str]:
     """Every fixed metric name (gold rewards' are not fixed), or those trainer `by` logs, in registry order."""
     return [s.name for s in _SPECS if by is None or by in s.by]

@@ -1,9 +1,10 @@
 """The metric registry (aligner/metrics.py): the names users see stay as they are, what the trainers log is all in it,
-the charts it describes hang together, and it loads without torch."""
+no product file spells a name of its own, the charts it describes hang together, and it loads without torch."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,6 +119,22 @@ def test_every_metric_the_reward_model_trainer_logs_is_in_the_registry(tmp_path,
     assert unregistered(keys, metrics.REWARD_MODEL) == set()
 
 
+def test_no_product_file_spells_a_registered_name():
+    """A name spelled outside the registry goes stale silently when the registry's changes: a registered name in
+    quotes, or a string that starts with a family's prefix (an f-string making a gold reward's or a timer's name)."""
+    spelled = "|".join(map(re.escape, names()))
+    prefixes = "|".join(map(re.escape, [GOLD_REWARD_PREFIX, metrics.TIMERS_PREFIX, metrics.THROUGHPUT_PREFIX]))
+    quoted = re.compile(rf"""["']({spelled})["']|["']({prefixes})""")
+    found = []
+    for folder in ("aligner", "webapp", "worker", "bench", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == ROOT / "aligner" / "metrics.py":
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                found += [f"{path.relative_to(ROOT)}:{number}: {m.group()}" for m in quoted.finditer(line)]
+    assert found == []
+
+
 def test_the_charts_hang_together():
     assert [c.title for c in CHARTS] == list(CHART_ORDER)
     for chart in CHARTS:
@@ -125,7 +142,8 @@ def test_the_charts_hang_together():
         assert members and {(s.unit, s.log) for s in members} == {(chart.unit, chart.log)}, chart.title
     assert {s.chart for s in map(spec, names()) if s.chart} == set(CHART_ORDER)
     assert [c.title for c in CHARTS if metrics.VAL_REWARD in c.metrics] == ["Reward"]
-    assert spec(metrics.gold_reward("rule")).chart == "Reward"  # gold rewards join the Reward chart
+    assert metrics.chart_of(metrics.gold_reward("rule")) == "Reward"  # gold rewards join the Reward chart
+    assert metrics.chart_of(metrics.LR) is None and metrics.chart_of("no/such_metric") is None
     assert spec(GOLD_REWARD_PREFIX) is None and spec("train_rollouts/no_such_metric") is None
     assert COMPARE_METRICS[0] == metrics.TRAIN_REWARD and set(COMPARE_METRICS) <= set(names())
 

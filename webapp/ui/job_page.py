@@ -15,13 +15,14 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from aligner.metrics import CHARTS
 from webapp.ui.api import ApiError
 from webapp.ui.charts import line_chart, x_extent
 from webapp.ui.frames import checkpoints_frame
-from webapp.ui.job_view import ACTIVE, CHARTS, event_log, job_charts, last_step, run_summary, waiting_message
+from webapp.ui.job_view import ACTIVE, event_log, job_charts, last_step, run_summary, waiting_message
 from webapp.ui.tabs import Session, job_id_of
 
-NUM_PLOTS = len(CHARTS) + 1  # every chart, and the time per step
+NUM_PLOTS = len(CHARTS)  # a plot for each chart
 KEPT_EVENTS = ("metrics", "samples")  # not kept in the page's state: the charts and Samples show them
 
 
