@@ -66,6 +66,17 @@ def last_step(body: dict) -> int | None:
     return max(steps) if steps else None
 
 
+def append_metrics(held: dict, new: dict) -> dict:
+    """A GET /jobs/{id}/metrics body: `held`'s series with `new`'s points (asked with since_step) appended, each
+    series only with the points after the last step it holds, so none is held twice. `held` is left as it is."""
+    series = {name: list(points) for name, points in _metrics(held).items()}
+    for name, points in _metrics(new).items():
+        kept = series.setdefault(name, [])
+        last = int(kept[-1][0]) if kept else None
+        kept += [p for p in points if last is None or int(p[0]) > last]
+    return {**held, "metrics": series}
+
+
 def _values(body: dict, name: str) -> list[tuple[int, float]]:
     return [(int(s), float(v)) for s, v in _metrics(body).get(name, []) if v is not None]
 
