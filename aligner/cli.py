@@ -49,12 +49,13 @@ def _cmd_train(args: argparse.Namespace) -> None:
 
 def reward_summary(run_dir: Path) -> str:
     """One line: mean train reward of the first and last 5 steps, and the first and last validation reward."""
+    from aligner.metrics import TRAIN_REWARD, VAL_REWARD
     from aligner.run_layout import METRICS_FILE
     from aligner.trainers.run_log import read_jsonl, reward_change
 
     rows = read_jsonl(Path(run_dir) / METRICS_FILE)
-    train = [r["train_rollouts/rewards"] for r in rows if "train_rollouts/rewards" in r]
-    val = [r["val/rewards"] for r in rows if "val/rewards" in r]
+    train = [r[TRAIN_REWARD] for r in rows if TRAIN_REWARD in r]
+    val = [r[VAL_REWARD] for r in rows if VAL_REWARD in r]
     if not train:
         return "no training step was run"
     line = reward_change(train)

@@ -25,17 +25,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from aligner.config import HEALTH_RULES, HealthConfig
+from aligner.metrics import GOLD_REWARD_PREFIX, GRAD_NORM, LOSS, TRAIN_REWARD, VAL_REWARD
+from aligner.metrics import INIT_POLICY_KL as KL
+from aligner.metrics import REWARD_LENGTH_CORR as LENGTH_CORR
+from aligner.metrics import TRAIN_PROPERLY_ENDED as PROPERLY_ENDED
+from aligner.metrics import ZERO_SPREAD_GROUPS as ZERO_SPREAD
 
-# The metrics the rules read (NeMo-Aligner's names, aligner/trainers/rollout.py and the trainers).
-TRAIN_REWARD = "train_rollouts/rewards"
-VAL_REWARD = "val/rewards"
-GOLD_REWARD_PREFIX = "val/extra_rewards/"  # gold rewards scored on the validation samples: val/extra_rewards/<name>
-KL = "train_rollouts/init_policy_kl"
-LOSS = "train_optim/loss"
-GRAD_NORM = "train_optim/grad_norm"
-PROPERLY_ENDED = "train_rollouts/fraction_of_samples_properly_ended"
-LENGTH_CORR = "train_rollouts/reward_length_corr"
-ZERO_SPREAD = "train_rollouts/frac_zero_std_groups"
+# The metrics the rules read (aligner/metrics.py); gold rewards (GOLD_REWARD_PREFIX + name) are read too.
 WATCHED_METRICS = (TRAIN_REWARD, VAL_REWARD, KL, LOSS, GRAD_NORM, PROPERLY_ENDED, LENGTH_CORR, ZERO_SPREAD)
 
 Point = tuple[int, float]

@@ -27,7 +27,7 @@ from aligner.durable import CHECKSUM, file_checksum, replace_durably, write_text
 
 CHECKPOINT_DIR = "checkpoints"
 STATE_FILE = "trainer_state.pt"
-BEST_FILE = "best.json"  # in checkpoints/: {"step", "val/rewards", "path"} of the best checkpoint
+BEST_FILE = "best.json"  # in checkpoints/: {step, val/rewards, path} of the best checkpoint
 CRITIC_DIR = "critic"  # in a checkpoint folder: the critic server's critic_save output
 MANIFEST_FILE = "manifest.json"  # in a checkpoint folder: {"checksum": "crc32", "files": {path: {"size", "crc32"}}}
 DAMAGED_SUFFIX = ".damaged"  # step_N.damaged: set aside by resume_checkpoint; never listed, pruned or resumed

@@ -65,19 +65,32 @@ from workload import closed_loop
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # webapp/ and aligner/ from this tree, also without `pip install -e .`
 
+from aligner.metrics import (  # noqa: E402
+    BASELINE,
+    GRAD_NORM,
+    INIT_POLICY_KL,
+    LOSS,
+    LR,
+    TIMER_GENERATE,
+    TRAIN_PROPERLY_ENDED,
+    TRAIN_RESPONSE_LENGTH,
+    TRAIN_REWARD,
+    TRAIN_REWARD_WITH_KL,
+)
+
 DEFAULT_POSTGRES_URL = os.environ.get("ALIGNER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 START_TIMEOUT_S = 60
-METRIC_NAMES = (
-    "train_rollouts/rewards",
-    "train_rollouts/rewards_with_kl",
-    "train_rollouts/init_policy_kl",
-    "train_rollouts/baseline",
-    "train_rollouts/response_lengths",
-    "train_rollouts/fraction_of_samples_properly_ended",
-    "train_optim/loss",
-    "train_optim/grad_norm",
-    "train_optim/lr",
-    "timers/generate",
+METRIC_NAMES = (  # a REINFORCE step's metrics, as the seeded jobs have them
+    TRAIN_REWARD,
+    TRAIN_REWARD_WITH_KL,
+    INIT_POLICY_KL,
+    BASELINE,
+    TRAIN_RESPONSE_LENGTH,
+    TRAIN_PROPERLY_ENDED,
+    LOSS,
+    GRAD_NORM,
+    LR,
+    TIMER_GENERATE,
 )
 ENDPOINTS = ("jobs", "metric", "metric_since", "metrics_all")
 SINCE_STEP_BEFORE_END = 50  # metric_since asks for the last 50 steps, as a polling dashboard would
@@ -338,7 +351,7 @@ class Endpoint:
 
 
 def endpoints(job_ids: list[int], steps: int) -> list[Endpoint]:
-    rewards = "name=train_rollouts/rewards"
+    rewards = f"name={TRAIN_REWARD}"
     since = max(0, steps - SINCE_STEP_BEFORE_END)
     base = "/api/v1/jobs"
     return [

@@ -47,11 +47,11 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).parent)]
 
 from api_load import postgres_schema  # noqa: E402  (bench/, next to this file)
 
+from aligner.metrics import TRAIN_REWARD  # noqa: E402
 from aligner.processes import free_port  # noqa: E402
 from webapp.stack import http_ok, port_open  # noqa: E402
 
 POSTGRES_URL = os.environ.get("ALIGNER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
-REWARD_METRIC = "train_rollouts/rewards"
 PROMPTS = ["tell me about the cat.", "describe the dog.", "a bird", "the old river", "the sea", "a song"]
 CORPUS = [p + " it is a fine day. the cat and the dog sing by the river and the sea." for p in PROMPTS] * 20
 START_TIMEOUT_S = 90
@@ -412,7 +412,7 @@ def verify(factory, job_ids: list[int], steps: int) -> dict:
             succeeded_events[job_id] += 1
     succeeded_once = sum(1 for j in job_ids if jobs[j].status == SUCCEEDED and succeeded_events[j] == 1)
     duplicates = sum(n - 1 for *_, n in counts if n > 1)
-    have = {(job_id, step) for job_id, step, name, _ in counts if name == REWARD_METRIC}
+    have = {(job_id, step) for job_id, step, name, _ in counts if name == TRAIN_REWARD}
     missing = sum(1 for j in job_ids for step in range(1, steps + 1) if (j, step) not in have)
     messages = [p.get("message", "") for p in logs]
     return {

@@ -205,9 +205,11 @@ def main(argv: list[str] | None = None) -> None:
             keys = ("model", "precision", "s_per_step", "samples_per_s", "tokens_per_s", "steps", "phases")
             print(json.dumps({k: result[k] for k in keys}))
         else:
+            from aligner.metrics import TIMERS_PREFIX
+
             print(f"{result['model']}, {result['precision']}")
             print(f"{'s/step':>8} {'samples/s':>10} {'tokens/s':>10}   phase medians (s)")
-            phases = "  ".join(f"{k.removeprefix('timers/')}={v:.3f}" for k, v in result["phases"].items())
+            phases = "  ".join(f"{k.removeprefix(TIMERS_PREFIX)}={v:.3f}" for k, v in result["phases"].items())
             speed = f"{result['s_per_step']:8.3f} {result['samples_per_s']:10.1f} {result['tokens_per_s']:10.0f}"
             print(f"{speed}   {phases}")
         return

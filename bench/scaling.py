@@ -79,6 +79,7 @@ def child(
 
     from aligner import distributed
     from aligner.config import load_config
+    from aligner.metrics import TIMER_GENERATE, TIMER_TRAIN
     from aligner.trainers.reinforce import ReinforceTrainer
 
     overrides = [f"model.num_threads={threads}", f"reinforce.num_prompts_per_step={prompts}"]
@@ -105,8 +106,8 @@ def child(
             "s_per_step": s,
             "samples_per_s": prompts * SAMPLES / s,
             "tokens_per_s": statistics.mean(lengths) * prompts * SAMPLES / s,
-            "generate_s": statistics.median(p["timers/generate"] for p in phases),
-            "train_s": statistics.median(p["timers/train"] for p in phases),
+            "generate_s": statistics.median(p[TIMER_GENERATE] for p in phases),
+            "train_s": statistics.median(p[TIMER_TRAIN] for p in phases),
         }
         print(json.dumps(result), flush=True)
     distributed.finish()

@@ -138,6 +138,9 @@ def closed_loop(clients: int, warmup_s: float, seconds: float, request, first=No
 
 def timed_steps(trainer, prompts: int, steps: int, warmup: int, before_step=lambda: None):
     """Run `warmup + steps` steps of a set-up trainer; of the last `steps`: seconds, phase splits, mean lengths."""
+    # Imported here, not at the top: bench/trl_rloo_step.py imports this module where aligner is not installed.
+    from aligner.metrics import TRAIN_RESPONSE_LENGTH
+
     times, phases, lengths = [], [], []
     for i in range(warmup + steps):
         indices = trainer.sampler.next_batch(prompts)
@@ -151,5 +154,5 @@ def timed_steps(trainer, prompts: int, steps: int, warmup: int, before_step=lamb
         if i >= warmup:
             times.append(elapsed)
             phases.append(split)
-            lengths.append(rollout.metrics["train_rollouts/response_lengths"])  # the global mean under torchrun
+            lengths.append(rollout.metrics[TRAIN_RESPONSE_LENGTH])  # the global mean under torchrun
     return times, phases, lengths

@@ -15,8 +15,10 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
-METRIC = "val/rewards"
-STEP_TIMER = "timers/step"  # a step's wall time, its validation included
+from aligner.metrics import TIMER_STEP, VAL_REWARD
+
+METRIC = VAL_REWARD
+STEP_TIMER = TIMER_STEP  # a step's wall time, its validation included
 WIDTH, HEIGHT, MARGIN = 900, 520, 80
 LINE, GRID, TEXT = (31, 119, 180), (225, 225, 225), (40, 40, 40)
 

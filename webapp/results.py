@@ -56,7 +56,7 @@ EVENT_BATCH = 500
 @bp.input(MetricsQuery, location="query")
 @bp.output(MetricsOut)
 def get_metrics(job_id: int, query_data):
-    """A job's metrics, grouped by name: {"train_rollouts/rewards": [[step, value], ...], ...}"""
+    """A job's metrics, grouped by name: {name: [[step, value], ...], ...}"""
     job = get_job_or_404(job_id)
     query = select(Metric.name, Metric.step, Metric.value).where(Metric.job_id == job.id)
     if query_data.get("name"):

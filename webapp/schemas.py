@@ -9,6 +9,7 @@ from apiflask.fields import Boolean, DateTime, Dict, File, Float, Integer, List,
 from apiflask.validators import Length, OneOf, Range
 from marshmallow import ValidationError
 
+from aligner.metrics import TRAIN_REWARD
 from webapp.db import ACTIONS, ALGORITHMS, MODEL_KINDS, SERVER_KINDS, STATUSES
 
 INT32_MAX = 2**31 - 1  # integer columns are 32-bit on PostgreSQL: larger ids and steps cannot exist
@@ -254,7 +255,7 @@ class MetricsOut(Schema):
         required=True,
         metadata={
             "description": "Each metric's [step, value] pairs in step order.",
-            "example": {"train_rollouts/rewards": [[1, 0.12], [2, 0.19]]},
+            "example": {TRAIN_REWARD: [[1, 0.12], [2, 0.19]]},
         },
     )
 

@@ -39,6 +39,7 @@ import requests
 import yaml
 
 from aligner.errors import AlignerError
+from aligner.metrics import TRAIN_REWARD
 from aligner.processes import free_port, signal_group
 from aligner.trainers.run_log import reward_change
 
@@ -328,9 +329,9 @@ def run(args) -> None:
 
 
 def _job_summary(urls: dict, job: dict) -> str:
-    params = {"name": "train_rollouts/rewards"}
+    params = {"name": TRAIN_REWARD}
     series = _api(urls, "GET", f"/jobs/{job['id']}/metrics", timeout=30, params=params).json()
-    values = _values(series, "train_rollouts/rewards")
+    values = _values(series, TRAIN_REWARD)
     line = f"job {job['id']} {job['status']} at step {job['step']}"
     if len(values) >= 2:
         line += f"; {reward_change(values)}"

@@ -25,7 +25,8 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from aligner.config import HealthConfig
-from aligner.health import GOLD_REWARD_PREFIX, RULE_NAMES, WATCHED_METRICS, Alarm, evaluate, watched
+from aligner.health import RULE_NAMES, WATCHED_METRICS, Alarm, evaluate, watched
+from aligner.metrics import GOLD_REWARD_PREFIX
 from webapp.db import Job, Metric, add_event
 
 log = logging.getLogger(__name__)

@@ -32,13 +32,13 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from aligner.health import Alarm
+from aligner.metrics import TRAIN_REWARD
 from aligner.run_layout import EVENTS_FILE, METRICS_FILE, SAMPLES_FILE, checkpoint_steps
 from webapp.db import Checkpoint, Job, Metric, Sample, add_event
 from worker.health_monitor import HealthMonitor
 
 log = logging.getLogger(__name__)
 
-REWARD_METRIC = "train_rollouts/rewards"
 EXAMPLE_CHARS = 500  # prompt and response of the example in a `samples` event are cut to this length
 EVENT_MESSAGE_CHARS = 2000  # a trainer event's message is cut to this length
 EVENT_LEVELS = ("info", "warning", "error")
@@ -258,9 +258,9 @@ class RunIngestor:
         job_step = session.scalar(select(Job.step).where(Job.id == self.job_id)) or 0
         if last_step >= job_step:
             fields["step"] = last_step
-        rewarded = [s for s in by_step if REWARD_METRIC in by_step[s]]
+        rewarded = [s for s in by_step if TRAIN_REWARD in by_step[s]]
         if rewarded and max(rewarded) >= job_step:
-            reward = by_step[max(rewarded)][REWARD_METRIC]
+            reward = by_step[max(rewarded)][TRAIN_REWARD]
             fields["latest_reward"] = reward if math.isfinite(reward) else None
         if fields:
             session.execute(update(Job).where(Job.id == self.job_id).values(**fields))
@@ -354,7 +354,7 @@ def prune_after(session: Session, job_id: int, step: int | None) -> None:
     if step is not None:
         reward = session.scalar(
             select(Metric.value)
-            .where(Metric.job_id == job_id, Metric.name == REWARD_METRIC)
+            .where(Metric.job_id == job_id, Metric.name == TRAIN_REWARD)
             .order_by(Metric.step.desc())
             .limit(1)
         )

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from aligner.algorithms.reinforce import reinforce_loss
+from aligner.metrics import GRAD_NORM, LOSS
 from aligner.modeling.batches import ResponseBatch
 
 MISSING_EXTRA = "model.backend=megatron needs the optional extra: pip install 'aligner[megatron]'"
@@ -643,4 +644,4 @@ def megatron_reinforce_step(
             if p.grad is not None:
                 p.grad.mul_(scale.to(p.grad.dtype))
     optimizer.step()
-    return {"train_optim/loss": total_loss.item(), "train_optim/grad_norm": grad_norm.item()}
+    return {LOSS: total_loss.item(), GRAD_NORM: grad_norm.item()}

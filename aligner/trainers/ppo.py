@@ -52,6 +52,22 @@ from aligner.algorithms.reinforce import kl_penalty, masked_mean, response_loss_
 from aligner.data.prompts import PromptDataset
 from aligner.errors import ConfigError, CriticServerUnavailableError, ServerUnavailableError
 from aligner.generation.generator import GenerationOutput
+from aligner.metrics import (
+    CLIP_FRACTION,
+    CRITIC_LOSS,
+    CRITIC_WARMUP,
+    ENTROPY,
+    GRAD_NORM,
+    LOSS,
+    LR,
+    RETURNS,
+    TIMER_CRITIC_INFER,
+    TIMER_CRITIC_TRAIN,
+    TIMER_REWARD,
+    TIMER_TRAIN,
+    TRAIN_REWARD_WITH_KL_SUM,
+    VALUES,
+)
 from aligner.modeling.batches import ResponseBatch
 from aligner.modeling.device import resolve_device
 from aligner.modeling.logprobs import grouped_response_logits, token_logprobs
@@ -236,13 +252,13 @@ class PPOTrainer(ReinforceTrainer):
         if cfg.critic.use_critic_rewards:  # the rewards come with the values
             prompts, reward_future = self._score(gen, data, prompt_indices, critic_future)
         else:
-            with self.timers.time("reward"):
+            with self.timers.time(TIMER_REWARD):
                 prompts, reward_future = self._score(gen, data, prompt_indices)
         batch = gen.response_batch()
         logprobs, ref_logprobs = self._policy_and_reference_logprobs(gen, batch)
-        with self.timers.time("critic_infer"):
+        with self.timers.time(TIMER_CRITIC_INFER):
             all_values, _ = critic_future.result()
-        with self.timers.time("reward"):
+        with self.timers.time(TIMER_REWARD):
             rewards = reward_future.result().to(logprobs.device)
 
         mask = gen.response_mask.float()
@@ -257,8 +273,8 @@ class PPOTrainer(ReinforceTrainer):
         # Means over tokens are weighted by tokens over ranks, means over samples by samples.
         token_means = distributed.mean_over_ranks(
             {
-                "train_rollouts/values": masked_mean(values, mask).item(),
-                "train_rollouts/returns": masked_mean(returns, mask).item(),
+                VALUES: masked_mean(values, mask).item(),
+                RETURNS: masked_mean(returns, mask).item(),
             },
             weight=mask.sum().item(),
         )
@@ -268,7 +284,7 @@ class PPOTrainer(ReinforceTrainer):
             # NeMo-Aligner's rewards_with_kl: each sample's per-token rewards averaged over its tokens.
             masked_mean(token_rewards, mask, dim=-1),
             kl,
-            {"train_rollouts/rewards_with_kl_sum": token_rewards.sum(-1).mean().item(), **token_means},
+            {TRAIN_REWARD_WITH_KL_SUM: token_rewards.sum(-1).mean().item(), **token_means},
         )
         metrics = distributed.mean_over_ranks(metrics, weight=rewards.numel())
         sample_advantages = masked_mean(advantages, mask, dim=-1)
@@ -324,12 +340,12 @@ class PPOTrainer(ReinforceTrainer):
         if self.step < self.config.ppo.critic_warmup_steps:
             return self._critic_only(critic_step)
         metrics = self._optimise_actor(rollout)
-        metrics["train_optim/critic_loss"] = self._critic_loss(critic_step)
+        metrics[CRITIC_LOSS] = self._critic_loss(critic_step)
         return metrics
 
     def _critic_loss(self, critic_step: Future | None) -> float:
         """The critic step's loss, which rank 0 sent for every rank (the others get it from rank 0)."""
-        with self.timers.time("critic_train"):
+        with self.timers.time(TIMER_CRITIC_TRAIN):
             critic_loss = critic_step.result() if critic_step else None
         return distributed.all_gather_objects(critic_loss)[0]
 
@@ -337,9 +353,9 @@ class PPOTrainer(ReinforceTrainer):
         """A step of ppo.critic_warmup_steps: the critic trains, the actor's weights, optimiser and learning-rate
         schedule stay as they are (the actor's metrics are left out)."""
         return {
-            "train_optim/lr": self.optimizer.param_groups[0]["lr"],
-            "train_optim/critic_loss": self._critic_loss(critic_step),
-            "train_optim/critic_warmup": 1.0,
+            LR: self.optimizer.param_groups[0]["lr"],
+            CRITIC_LOSS: self._critic_loss(critic_step),
+            CRITIC_WARMUP: 1.0,
         }
 
     def _optimise_actor(self, rollout: PPORollout) -> dict[str, float]:
@@ -352,7 +368,7 @@ class PPOTrainer(ReinforceTrainer):
         steps = int(distributed.max_over_ranks({"steps": -(-total // size)})["steps"])
         losses, grad_norms = [], []
         clip_fraction = entropy_sum = 0.0
-        with self.timers.time("train"):
+        with self.timers.time(TIMER_TRAIN):
             # One optimiser step per mini-batch, in order: after the first, the policy differs from the one that
             # sampled the rollout and the ratio clip takes effect.
             for start in range(0, steps * size, size):
@@ -401,12 +417,12 @@ class PPOTrainer(ReinforceTrainer):
         losses, (clip_fraction, entropy_sum, tokens) = sums[: len(losses)], sums[len(losses) :]
         tokens = max(tokens, 1.0)
         return {
-            "train_optim/loss": sum(losses) / len(losses),
-            "train_optim/grad_norm": sum(grad_norms) / len(grad_norms),
-            "train_optim/lr": lr,
-            "train_optim/critic_loss": None,  # `optimise` fills it in, keeping the metrics' order
-            "train_optim/clip_fraction": clip_fraction / tokens,
-            "train_optim/entropy": entropy_sum / tokens,
+            LOSS: sum(losses) / len(losses),
+            GRAD_NORM: sum(grad_norms) / len(grad_norms),
+            LR: lr,
+            CRITIC_LOSS: None,  # `optimise` fills it in, keeping the metrics' order
+            CLIP_FRACTION: clip_fraction / tokens,
+            ENTROPY: entropy_sum / tokens,
         }
 
     # ----------------------------------------------------------------------------------------------- checkpoints

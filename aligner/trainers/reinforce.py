@@ -75,6 +75,29 @@ from aligner.durable import fsync_file
 from aligner.errors import ConfigError, RunDirError, ServerUnavailableError
 from aligner.generation.engines import build_generator
 from aligner.generation.generator import GenerationOutput, _concat, resolve_compile
+from aligner.metrics import (
+    BASELINE,
+    GRAD_NORM,
+    IMPORTANCE_WEIGHT,
+    IMPORTANCE_WEIGHT_CAPPED,
+    INIT_POLICY_KL,
+    LOSS,
+    LR,
+    TIMER_GENERATE,
+    TIMER_GENERATE_WAIT,
+    TIMER_INIT_LOGPROBS,
+    TIMER_LOGPROBS,
+    TIMER_REFIT,
+    TIMER_REWARD,
+    TIMER_STEP,
+    TIMER_TRAIN,
+    TIMER_VALIDATE,
+    TRAIN_REWARD,
+    VAL_PROPERLY_ENDED,
+    VAL_RESPONSE_LENGTH,
+    VAL_REWARD,
+    gold_reward,
+)
 from aligner.modeling.batches import ResponseBatch
 from aligner.modeling.device import (
     autocast,
@@ -171,7 +194,7 @@ class ReinforceTrainer:
         self.timers = Timers()
         self._stop_requested = False
         self.last_validation: tuple[int, float] | None = None  # (step, val/rewards) of the latest validation
-        self.best: dict[str, Any] | None = None  # {"step", "val/rewards"} of the best checkpoint so far
+        self.best: dict[str, Any] | None = None  # {"step", VAL_REWARD} of the best checkpoint so far
         self.resumed_from: Path | None = None  # the checkpoint `setup(resume=True)` loaded
         self.skipped_checkpoints: list[tuple[int, str]] = []  # (step, reason) of damaged ones the resume set aside
         self._intact: tuple[int | None, Path | None] | None = None  # `_intact_checkpoint`'s answer, once verified
@@ -469,15 +492,15 @@ class ReinforceTrainer:
                 validating = is_validation_step(self.step, cfg.val_check_interval, total)
                 if validating or (out_of_time and cfg.val_check_interval > 0):
                     try:
-                        with self.timers.time("validate"):
+                        with self.timers.time(TIMER_VALIDATE):
                             metrics.update(self.validate())
                     except ServerUnavailableError as err:  # the step is done: logged and checkpointed unvalidated
                         self.log.log_metrics(self.step, metrics)
                         self._give_up(err)
                         break
-                timers = {**self.timers.pop(), "timers/step": time.perf_counter() - started}
+                timers = {**self.timers.pop(), TIMER_STEP: time.perf_counter() - started}
                 metrics.update(distributed.max_over_ranks(timers))  # a step waits for its slowest rank
-                metrics.update(throughput_metrics(rollout.batch, metrics["timers/step"]))
+                metrics.update(throughput_metrics(rollout.batch, metrics[TIMER_STEP]))
                 self.log.log_metrics(self.step, metrics)
                 n = cfg.train_samples_to_log
                 self.log.log_samples(distributed.gather_rows(rollout.samples[:n])[:n])
@@ -491,8 +514,8 @@ class ReinforceTrainer:
                     self.save_checkpoint()
                 bar.update(1)
                 bar.set_postfix(
-                    reward=f"{metrics['train_rollouts/rewards']:.3f}",
-                    kl=f"{metrics['train_rollouts/init_policy_kl']:.4f}",
+                    reward=f"{metrics[TRAIN_REWARD]:.3f}",
+                    kl=f"{metrics[INIT_POLICY_KL]:.4f}",
                 )
         bar.close()
         self._stop_background()
@@ -604,7 +627,7 @@ class ReinforceTrainer:
 
     def _generate(self, prompt_indices: list[int], data: PromptDataset) -> GenerationOutput:
         """`reinforce.num_rollouts_per_prompt` samples of each prompt, with this step's sampling noise."""
-        with self.timers.time("generate"):
+        with self.timers.time(TIMER_GENERATE):
             return self.generator.generate(
                 [data.token_ids[i] for i in prompt_indices],
                 self.config.reinforce.num_rollouts_per_prompt,
@@ -626,7 +649,7 @@ class ReinforceTrainer:
         size = cfg.dynamic_batching_prompts
         chunks = [prompt_indices[i : i + size] for i in range(0, len(prompt_indices), size)]
         taken, parts = [], []
-        with self.timers.time("generate"):
+        with self.timers.time(TIMER_GENERATE):
             for c in distributed.dynamic_indices(len(chunks)):
                 seed = self._sampling_seed(self.step, c)
                 parts.append(
@@ -656,14 +679,14 @@ class ReinforceTrainer:
 
     def _policy_and_reference_logprobs(self, gen: GenerationOutput, batch: ResponseBatch):
         """The policy's log-probs of the sampled tokens (from generation, or a forward pass) and the reference's."""
-        with self.timers.time("logprobs"):
+        with self.timers.time(TIMER_LOGPROBS):
             if self.config.reinforce.use_generation_logprobs:
                 logprobs = gen.logprobs
             else:
                 self.policy.eval()
                 with self.autocast():
                     logprobs = self._logprobs(lambda sub: grouped_response_logprobs(self.policy, sub), batch)
-        with self.timers.time("init_logprobs"), self.autocast():
+        with self.timers.time(TIMER_INIT_LOGPROBS), self.autocast():
             ref_logprobs = self._logprobs(self.reference.logprobs, batch)
         return logprobs, ref_logprobs
 
@@ -682,11 +705,11 @@ class ReinforceTrainer:
         """`rollout` from the samples `gen` of this rank's `prompt_indices`: rewards, KL, baseline, advantages;
         `off_policy` (async rollouts) keeps generation's log-probs as the behaviour policy's."""
         cfg = self.config.reinforce
-        with self.timers.time("reward"):
+        with self.timers.time(TIMER_REWARD):
             prompts, future = self._score(gen, data, prompt_indices)
         batch = gen.response_batch()
         logprobs, ref_logprobs = self._policy_and_reference_logprobs(gen, batch)
-        with self.timers.time("reward"):
+        with self.timers.time(TIMER_REWARD):
             rewards = future.result().to(logprobs.device)
 
         kl = kl_penalty(logprobs, ref_logprobs, gen.response_mask, estimator=cfg.kl_estimator)
@@ -698,7 +721,7 @@ class ReinforceTrainer:
         advantages = advantages_from_baseline(shaped, baseline)
         if cfg.normalize_advantages:
             advantages = distributed.global_whiten(advantages)  # over the global batch, as one process would
-        metrics = rollout_metrics(gen, rewards, shaped, kl, {"train_rollouts/baseline": baseline.mean().item()})
+        metrics = rollout_metrics(gen, rewards, shaped, kl, {BASELINE: baseline.mean().item()})
         metrics = distributed.mean_over_ranks(metrics, weight=rewards.numel())
         samples = sample_rows(self.step + 1, "train", prompts, gen, rewards, kl, advantages)
         return Rollout(
@@ -721,9 +744,9 @@ class ReinforceTrainer:
         if self.ahead is None:
             self.ahead = self._generate_in_background(self.step)
         ahead, self.ahead = self.ahead, None
-        with self.timers.time("generate_wait"):
+        with self.timers.time(TIMER_GENERATE_WAIT):
             gen, seconds = ahead.future.result()
-        self.timers.add("generate", seconds)
+        self.timers.add(TIMER_GENERATE, seconds)
         rollout = self._score_rollout(ahead.prompt_indices, gen, self.train_data, off_policy=True)
         if self.step + 1 < total:
             # The engine still holds the weights before this step's update: the next samples are one update behind.
@@ -760,7 +783,7 @@ class ReinforceTrainer:
     def _push_weights(self) -> None:
         """The generator takes the policy's new weights, once the samples it is generating (async) are done."""
         if self.ahead is not None:
-            with self.timers.time("generate_wait"):
+            with self.timers.time(TIMER_GENERATE_WAIT):
                 wait_for([self.ahead.future])
         self.generator.update_weights(self.policy)
 
@@ -801,7 +824,7 @@ class ReinforceTrainer:
         self.policy.train()
         lr = self.optimizer.param_groups[0]["lr"]
         losses, grad_norms, importance = [], [], []
-        with self.timers.time("train"):
+        with self.timers.time(TIMER_TRAIN):
             for mini in self._mini_batches(rollout.advantages.shape[0]):
                 loss = self._accumulate_gradients(rollout, mini, importance)
                 distributed.all_reduce_gradients(self.policy.parameters())
@@ -812,15 +835,15 @@ class ReinforceTrainer:
             self.scheduler.step()
         self._push_weights()
         metrics = {
-            "train_optim/loss": sum(losses) / len(losses),
-            "train_optim/grad_norm": sum(grad_norms) / len(grad_norms),
-            "train_optim/lr": lr,
+            LOSS: sum(losses) / len(losses),
+            GRAD_NORM: sum(grad_norms) / len(grad_norms),
+            LR: lr,
         }
         if rollout.behaviour_logprobs is not None:
             sums = torch.tensor(importance or [[0.0] * 3], dtype=torch.float64, device=self.device).sum(0)
             weight, capped, tokens = distributed.all_reduce_sum(sums).tolist()
-            metrics["train_optim/importance_weight"] = weight / max(tokens, 1)
-            metrics["train_optim/importance_weight_capped"] = capped / max(tokens, 1)
+            metrics[IMPORTANCE_WEIGHT] = weight / max(tokens, 1)
+            metrics[IMPORTANCE_WEIGHT_CAPPED] = capped / max(tokens, 1)
         return metrics
 
     def _mini_batches(self, local_size: int) -> list[slice]:
@@ -883,7 +906,7 @@ class ReinforceTrainer:
 
         cfg = self.config
         lr = self.optimizer.param_groups[0]["lr"]
-        with self.timers.time("train"):
+        with self.timers.time(TIMER_TRAIN):
             metrics = mb.megatron_reinforce_step(
                 self.megatron_model,
                 self.optimizer,
@@ -895,9 +918,9 @@ class ReinforceTrainer:
                 max_grad_norm=cfg.optim.max_grad_norm,
             )
             self.scheduler.step()
-        with self.timers.time("refit"):
+        with self.timers.time(TIMER_REFIT):
             self._refit_policy()
-        return {**metrics, "train_optim/lr": lr}
+        return {**metrics, LR: lr}
 
     # ----------------------------------------------------------------------------------------------- validate
     @torch.no_grad()
@@ -921,15 +944,15 @@ class ReinforceTrainer:
             extra = {name: f.result() for name, f in extra_futures.items()} or None
             rows = sample_rows(self.step, "validation", prompts, gen, rewards, kl, None, extra)
             metrics = {
-                "val/rewards": rewards.mean().item(),
-                "val/response_lengths": gen.response_lengths.float().mean().item(),
-                "val/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
-                **{f"val/extra_rewards/{name}": values.mean().item() for name, values in (extra or {}).items()},
+                VAL_REWARD: rewards.mean().item(),
+                VAL_RESPONSE_LENGTH: gen.response_lengths.float().mean().item(),
+                VAL_PROPERLY_ENDED: gen.is_end.float().mean().item(),
+                **{gold_reward(name): values.mean().item() for name, values in (extra or {}).items()},
             }
         self.log.log_samples(distributed.gather_rows(rows))
         metrics = distributed.mean_over_ranks(metrics, weight=len(indices))
-        if "val/rewards" in metrics:
-            self.last_validation = (self.step, metrics["val/rewards"])
+        if VAL_REWARD in metrics:
+            self.last_validation = (self.step, metrics[VAL_REWARD])
         return metrics
 
     # ----------------------------------------------------------------------------------------------- checkpoints
@@ -995,12 +1018,12 @@ class ReinforceTrainer:
     def _validated_new_best(self) -> bool:
         if self.last_validation is None or self.last_validation[0] != self.step:
             return False
-        return self.best is None or self.last_validation[1] > self.best["val/rewards"]
+        return self.best is None or self.last_validation[1] > self.best[VAL_REWARD]
 
     def _update_best(self) -> None:
         """The checkpoint being saved becomes the best when it was validated at this step and beats the best."""
         if self._validated_new_best():
-            self.best = {"step": self.step, "val/rewards": self.last_validation[1]}
+            self.best = {"step": self.step, VAL_REWARD: self.last_validation[1]}
 
     def _save_extra(self, folder: Path) -> None:
         """Hook for subclasses: write more into the checkpoint folder before it is complete (PPO: the critic)."""

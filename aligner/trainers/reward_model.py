@@ -40,6 +40,16 @@ from aligner.config import Section, save_config
 from aligner.data.preferences import TokenizedPairs, pad_right, read_preference_file, tokenize_pairs
 from aligner.data.prompts import PromptSampler
 from aligner.errors import ModelFolderError
+from aligner.metrics import (
+    RM_TRAIN_ACCURACY,
+    RM_TRAIN_GRAD_NORM,
+    RM_TRAIN_LOSS,
+    RM_TRAIN_LR,
+    RM_TRAIN_MARGIN,
+    RM_VAL_ACCURACY,
+    RM_VAL_LOSS,
+    RM_VAL_MARGIN,
+)
 from aligner.run_layout import METRICS_FILE
 from aligner.trainers.loop import adamw, is_validation_step, optimizer_step
 from aligner.trainers.run_log import RunLog, read_jsonl
@@ -205,9 +215,9 @@ def evaluate(model, data: TokenizedPairs, pad_id: int, device, batch_size: int) 
         rejected.append(r)
     c, r = torch.cat(chosen), torch.cat(rejected)
     return {
-        "val/loss": bradley_terry_loss(c, r).item(),
-        "val/accuracy": preference_accuracy(c, r),
-        "val/margin": preference_margin(c, r),
+        RM_VAL_LOSS: bradley_terry_loss(c, r).item(),
+        RM_VAL_ACCURACY: preference_accuracy(c, r),
+        RM_VAL_MARGIN: preference_margin(c, r),
     }
 
 
@@ -306,18 +316,18 @@ def train_reward_model(config: RewardModelTrainConfig) -> Path:
             grad_norm = optimizer_step(optimizer, model.parameters(), cfg_optim.max_grad_norm, scheduler)
             c, r = torch.cat(chosen_all), torch.cat(rejected_all)
             metrics = {
-                "train/loss": bradley_terry_loss(c, r).item(),
-                "train/accuracy": preference_accuracy(c, r),
-                "train/margin": preference_margin(c, r),
-                "train/grad_norm": grad_norm.item(),
-                "train/lr": lr,
+                RM_TRAIN_LOSS: bradley_terry_loss(c, r).item(),
+                RM_TRAIN_ACCURACY: preference_accuracy(c, r),
+                RM_TRAIN_MARGIN: preference_margin(c, r),
+                RM_TRAIN_GRAD_NORM: grad_norm.item(),
+                RM_TRAIN_LR: lr,
             }
             if is_validation_step(step, config.trainer.val_check_interval, max_steps):
                 metrics.update(evaluate(model, val_data, pad_id, device, micro))
             log.log_metrics(step, metrics)
-            postfix = {"loss": f"{metrics['train/loss']:.3f}", "acc": f"{metrics['train/accuracy']:.2f}"}
-            if "val/accuracy" in metrics:
-                postfix["val_acc"] = f"{metrics['val/accuracy']:.2f}"
+            postfix = {"loss": f"{metrics[RM_TRAIN_LOSS]:.3f}", "acc": f"{metrics[RM_TRAIN_ACCURACY]:.2f}"}
+            if RM_VAL_ACCURACY in metrics:
+                postfix["val_acc"] = f"{metrics[RM_VAL_ACCURACY]:.2f}"
             bar.set_postfix(postfix, refresh=False)
             bar.update(1)
         bar.close()
@@ -330,11 +340,11 @@ def train_reward_model(config: RewardModelTrainConfig) -> Path:
 
 def validation_summary(out_dir: str | Path) -> str:
     """One line: the last validation accuracy, loss and margin of a train-rm run, and the first (step 0) accuracy."""
-    rows = [r for r in read_jsonl(Path(out_dir) / METRICS_FILE) if "val/accuracy" in r]
+    rows = [r for r in read_jsonl(Path(out_dir) / METRICS_FILE) if RM_VAL_ACCURACY in r]
     if not rows:
         return "no validation was run"
     first, last = rows[0], rows[-1]
     return (
-        f"validation accuracy {last['val/accuracy']:.3f} at step {last['step']} "
-        f"(step 0: {first['val/accuracy']:.3f}); loss {last['val/loss']:.3f}, margin {last['val/margin']:+.3f}"
+        f"validation accuracy {last[RM_VAL_ACCURACY]:.3f} at step {last['step']} (step 0: "
+        f"{first[RM_VAL_ACCURACY]:.3f}); loss {last[RM_VAL_LOSS]:.3f}, margin {last[RM_VAL_MARGIN]:+.3f}"
     )

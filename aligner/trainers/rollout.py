@@ -10,6 +10,17 @@ import torch
 from aligner import distributed
 from aligner.algorithms.diagnostics import reward_length_correlation, zero_spread_fraction
 from aligner.generation.generator import GenerationOutput
+from aligner.metrics import (
+    INIT_POLICY_KL,
+    REWARD_LENGTH_CORR,
+    SAMPLES_PER_S,
+    TOKENS_PER_S,
+    TRAIN_PROPERLY_ENDED,
+    TRAIN_RESPONSE_LENGTH,
+    TRAIN_REWARD,
+    TRAIN_REWARD_WITH_KL,
+    ZERO_SPREAD_GROUPS,
+)
 from aligner.modeling.batches import ResponseBatch
 
 
@@ -28,12 +39,12 @@ def rollout_metrics(
     """Means over the samples ([B] tensors); `extra` (the algorithm's own) goes after the KL, as metrics.jsonl has
     always ordered them. The diagnostics (`rollout_diagnostics`) come last."""
     return {
-        "train_rollouts/rewards": rewards.mean().item(),
-        "train_rollouts/rewards_with_kl": rewards_with_kl.mean().item(),
-        "train_rollouts/init_policy_kl": kl.mean().item(),
+        TRAIN_REWARD: rewards.mean().item(),
+        TRAIN_REWARD_WITH_KL: rewards_with_kl.mean().item(),
+        INIT_POLICY_KL: kl.mean().item(),
         **extra,
-        "train_rollouts/response_lengths": gen.response_lengths.float().mean().item(),
-        "train_rollouts/fraction_of_samples_properly_ended": gen.is_end.float().mean().item(),
+        TRAIN_RESPONSE_LENGTH: gen.response_lengths.float().mean().item(),
+        TRAIN_PROPERLY_ENDED: gen.is_end.float().mean().item(),
         **rollout_diagnostics(gen, rewards),
     }
 
@@ -53,8 +64,8 @@ def rollout_diagnostics(gen: GenerationOutput, rewards: torch.Tensor) -> dict[st
     all_rewards = torch.cat([r for r, _, _ in parts])
     lengths = torch.cat([n for _, n, _ in parts])
     return {
-        "train_rollouts/reward_length_corr": reward_length_correlation(all_rewards, lengths),
-        "train_rollouts/frac_zero_std_groups": zero_spread_fraction(all_rewards, torch.cat(groups)),
+        REWARD_LENGTH_CORR: reward_length_correlation(all_rewards, lengths),
+        ZERO_SPREAD_GROUPS: zero_spread_fraction(all_rewards, torch.cat(groups)),
     }
 
 
@@ -98,6 +109,6 @@ def throughput_metrics(batch: ResponseBatch, seconds: float) -> dict[str, float]
     tokens, samples = distributed.all_reduce_sum(counts.to(torch.float64)).tolist()
     seconds = max(seconds, 1e-9)
     return {
-        "throughput/tokens_per_s": tokens / seconds / distributed.world_size(),
-        "throughput/samples_per_s": samples / seconds,
+        TOKENS_PER_S: tokens / seconds / distributed.world_size(),
+        SAMPLES_PER_S: samples / seconds,
     }

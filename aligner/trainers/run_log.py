@@ -1,6 +1,7 @@
 """Per-step metrics and sample generations, as JSON lines in the run directory.
 
-- `metrics.jsonl`: one object per step, `{"step": 3, "train_rollouts/rewards": 0.41, ...}` (NeMo-Aligner names).
+- `metrics.jsonl`: one object per step, `{"step": 3, NAME: 0.41, ...}` (NeMo-Aligner's names, each declared in the
+  registry aligner/metrics.py).
 - `samples.jsonl`: one object per sample, `{"step", "split", "prompt", "response", "reward", "kl", "advantage",
   "is_end"}`.
 - `events.jsonl`: what the user should hear about while the run goes on, `{"step", "level", "message", ...}` (the
@@ -118,7 +119,7 @@ class RunLog:
 
 
 class Timers:
-    """Wall-clock seconds per phase, reported as `timers/<name>`."""
+    """Wall-clock seconds per phase, each under its timer's metric name (aligner/metrics.py `TIMER_*`)."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
@@ -136,5 +137,5 @@ class Timers:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
     def pop(self) -> dict[str, float]:
-        out, self.seconds = {f"timers/{k}": v for k, v in self.seconds.items()}, {}
+        out, self.seconds = self.seconds, {}
         return out

@@ -18,6 +18,7 @@ import yaml
 from safetensors.torch import save_file
 from sqlalchemy import select
 
+from aligner import metrics
 from aligner.config import TrainConfig
 from aligner.demo.templates import CONFIG_TEMPLATE, ppo_config_text
 from tests.helpers.api import ACTIONS_BY_STATE, bearer, create_job, put_in_state
@@ -103,7 +104,7 @@ def test_compare_works_across_algorithms():
     for metric in ("train_rollouts/rewards", "train_optim/loss"):  # the same names in both trainers
         frame = frames.compare_frame({"1: a (reinforce)": rloo, "3: p (ppo)": PPO_BODY}, metric)
         assert frame["series"].tolist() == ["1: a (reinforce)", "3: p (ppo)", "3: p (ppo)"], metric
-    assert {"train_optim/critic_loss", "train_rollouts/values"} <= set(frames.COMPARE_METRICS)
+    assert {metrics.CRITIC_LOSS, metrics.VALUES} <= set(metrics.COMPARE_METRICS)
     only_ppo = frames.compare_frame({"1: a (reinforce)": rloo, "3: p (ppo)": PPO_BODY}, "train_optim/critic_loss")
     assert only_ppo["series"].tolist() == ["3: p (ppo)", "3: p (ppo)"]
 

@@ -8,8 +8,9 @@ import datetime as dt
 import pandas as pd
 import pytest
 
+from aligner.metrics import INIT_POLICY_KL, TRAIN_REWARD, VAL_REWARD
 from webapp.ui import charts, job_view
-from webapp.ui.frames import series_frame
+from webapp.ui.frames import metrics_frame, series_frame
 from webapp.ui.job_page import load
 from webapp.ui.jobs_tab import selected_status
 
@@ -183,18 +184,23 @@ def test_two_jobs_answers_side_by_side():
 
 
 class FakeApi:
-    """The calls the Job page makes, and the events each stream read returns."""
+    """The calls the Job page makes (with their query), the events each stream read returns, and the server's
+    metrics (`metrics`: {name: [[step, value], ...]}), filtered by since_step as the API does."""
 
-    def __init__(self, events: list[dict]):
-        self.all_events, self.calls = events, []
+    def __init__(self, events: list[dict], metrics: dict | None = None):
+        self.all_events, self.calls, self.metrics = events, [], metrics or {}
 
     def events(self, jid: int, after: int = 0) -> list[dict]:
         self.calls.append(f"events>{after}")
         return [e for e in self.all_events if e["id"] > after]
 
-    def get(self, path: str, **_params) -> dict:
-        self.calls.append(path)
-        return {"id": 1, "status": "running"} if path == "/jobs/1" else {"items": [], "metrics": {}}
+    def get(self, path: str, **params) -> dict:
+        self.calls.append(path + "".join(f"?{k}={v}" for k, v in params.items()))
+        if path.endswith("/metrics"):
+            since = params.get("since_step", -1)
+            found = {n: [p for p in points if p[0] > since] for n, points in self.metrics.items()}
+            return {"job_id": 1, "metrics": {n: points for n, points in found.items() if points}}
+        return {"id": 1, "status": "running"} if path == "/jobs/1" else {"items": []}
 
 
 def test_the_job_page_fetches_again_only_after_new_events():
@@ -212,6 +218,51 @@ def test_the_job_page_fetches_again_only_after_new_events():
     api.calls.clear()
     load(api, 2, later)  # another job: read from the start
     assert api.calls[0] == "events>0"
+
+
+def test_the_job_page_appends_the_new_steps_of_the_metrics():
+    """After the first load the page asks only for the steps after the last one it holds (since_step) and appends
+    them: its frames hold every point exactly once. A status change, a fresh page or another job fetches all."""
+    reward, kl = [[1, 0.1], [2, 0.2]], [[1, 0.01], [2, 0.02]]
+    api = FakeApi(
+        [{"id": 1, "kind": "status", "data": {"status": "running"}}, {"id": 2, "kind": "metrics", "data": {}}],
+        {TRAIN_REWARD: reward, INIT_POLICY_KL: kl},
+    )
+    view = load(api, 1, {})
+    assert "/jobs/1/metrics" in api.calls and view["metrics"]["metrics"] == {TRAIN_REWARD: reward, INIT_POLICY_KL: kl}
+    # Steps 3 and 4 come (the validation of step 4 too), each with its metrics event.
+    reward += [[3, 0.3], [4, 0.4]]
+    kl.append([3, 0.03])
+    api.metrics[VAL_REWARD] = [[4, 0.5]]
+    api.all_events += [{"id": 3, "kind": "metrics", "data": {}}, {"id": 4, "kind": "metrics", "data": {}}]
+    api.calls.clear()
+    later = load(api, 1, view)
+    assert api.calls == ["events>2", "/jobs/1", "/jobs/1/metrics?since_step=2"]
+    held = metrics_frame(later["metrics"])
+    assert held[["step", "series"]].values.tolist() == [
+        [1, INIT_POLICY_KL], [2, INIT_POLICY_KL], [3, INIT_POLICY_KL],
+        [1, TRAIN_REWARD], [2, TRAIN_REWARD], [3, TRAIN_REWARD], [4, TRAIN_REWARD],
+        [4, VAL_REWARD],
+    ]  # fmt: skip
+    assert held["value"].tolist() == [0.01, 0.02, 0.03, 0.1, 0.2, 0.3, 0.4, 0.5]
+    assert len(view["metrics"]["metrics"][TRAIN_REWARD]) == 2  # the earlier state is left as it was
+    # A points fetch that overlaps what the page holds (the API read after the events) adds nothing twice.
+    overlapping = {"metrics": {TRAIN_REWARD: [[4, 0.4], [5, 0.5]]}}
+    appended = job_view.append_metrics(later["metrics"], overlapping)["metrics"][TRAIN_REWARD]
+    assert appended == [[1, 0.1], [2, 0.2], [3, 0.3], [4, 0.4], [5, 0.5]]
+    # Events that are not metrics fetch no metrics; a status change (a retry may have deleted steps) fetches all.
+    api.all_events.append({"id": 5, "kind": "log", "data": {"message": "hello"}})
+    api.calls.clear()
+    quiet = load(api, 1, later)
+    assert api.calls == ["events>4", "/jobs/1"] and quiet["metrics"] is later["metrics"]
+    api.all_events.append({"id": 6, "kind": "status", "data": {"status": "queued"}})
+    api.calls.clear()
+    load(api, 1, quiet)
+    assert "/jobs/1/metrics" in api.calls
+    for fresh_view in ({}, {**quiet, "job_id": 2}):  # a fresh page, or the page of another job: start over
+        api.calls.clear()
+        assert load(api, 1, fresh_view)["metrics"]["metrics"][TRAIN_REWARD] == reward
+        assert "/jobs/1/metrics" in api.calls
 
 
 def test_the_selected_jobs_status_is_read_from_the_table():

@@ -9,11 +9,11 @@ from typing import Any
 
 import gradio as gr
 
+from aligner.metrics import COMPARE_METRICS, TRAIN_REWARD, VAL_REWARD
 from webapp.ui.api import ApiError
 from webapp.ui.charts import line_chart
-from webapp.ui.frames import COMPARE_METRICS, compare_frame
+from webapp.ui.frames import compare_frame
 from webapp.ui.job_view import (
-    TRAIN_REWARD,
     answers_frame,
     common_prompts,
     config_diff,
@@ -45,7 +45,7 @@ def compare_view(api, ids: list[int], metric: str) -> dict[str, Any]:
             job = api.get(f"/jobs/{jid}")
             label = job_choice(job)[0]
             jobs[label] = job
-            names = sorted({metric, TRAIN_REWARD, "val/rewards"})
+            names = sorted({metric, TRAIN_REWARD, VAL_REWARD})
             bodies[label] = api.get(f"/jobs/{jid}/metrics", name=names)
         except ApiError as err:
             problems.append(not_found(jid, err))
@@ -72,7 +72,11 @@ def compare_tab(session: Session) -> None:
             c_jobs = gr.Dropdown([], value=[], multiselect=True, label="Jobs", elem_id="c-jobs", scale=4)
             c_add = gr.Button("Add the selected job", elem_id="c-add", scale=1)
             c_metric = gr.Dropdown(
-                COMPARE_METRICS, value=COMPARE_METRICS[0], label="Metric", allow_custom_value=True, elem_id="c-metric"
+                list(COMPARE_METRICS),
+                value=COMPARE_METRICS[0],
+                label="Metric",
+                allow_custom_value=True,
+                elem_id="c-metric",
             )
         c_msg = gr.Markdown("Sign in to list your jobs.", elem_id="c-msg")
         with gr.Row():

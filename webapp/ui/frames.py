@@ -6,25 +6,8 @@ import datetime as dt
 
 import pandas as pd
 
-TIMERS_PREFIX = "timers/"
-TIMER_PHASES = ["generate", "logprobs", "init_logprobs", "reward", "critic_infer", "train", "critic_train", "validate"]
-COMPARE_METRICS = [
-    "train_rollouts/rewards",
-    "train_rollouts/rewards_with_kl",
-    "train_rollouts/init_policy_kl",
-    "train_rollouts/response_lengths",
-    "train_rollouts/fraction_of_samples_properly_ended",
-    "train_optim/loss",
-    "train_optim/grad_norm",
-    "train_optim/lr",
-    "val/rewards",
-    "train_rollouts/values",
-    "train_optim/critic_loss",
-    "train_optim/clip_fraction",
-    "train_optim/entropy",
-    "train_rollouts/reward_length_corr",
-    "train_rollouts/frac_zero_std_groups",
-]
+from aligner.metrics import TIMERS_PREFIX
+
 JOB_COLUMNS = ["sel", "id", "name", "algorithm", "status", "health", "step", "latest reward", "age"]
 # The health alarms (GET /jobs `alarms`, `health` events) in words.
 ALARM_WORDS = {

@@ -2,8 +2,11 @@
 its zip to download).
 
 It follows the job's event stream: each tick asks for the events after the last one it saw (GET
-/jobs/{id}/events?timeout=0&last_event_id=N) and fetches the job, its metrics and checkpoints again only when new
-ones came, so nothing redraws while nothing happens.
+/jobs/{id}/events?timeout=0&last_event_id=N) and fetches the job and its checkpoints again only when new ones came,
+so nothing redraws while nothing happens. Metrics are fetched whole once (a fresh page, another job, or a status
+change, after which a retry or resume may have deleted steps); after that a `metrics` event fetches only the points
+after the last step the page holds (GET /jobs/{id}/metrics?since_step=N) and appends them, so a tick costs the
+new steps, not the job's whole history.
 
 No `from __future__ import annotations` here: Gradio reads a handler's `gr.SelectData` hint as a class, not a string.
 """
@@ -15,13 +18,22 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
+from aligner.metrics import CHARTS
 from webapp.ui.api import ApiError
 from webapp.ui.charts import line_chart, x_extent
 from webapp.ui.frames import checkpoints_frame
-from webapp.ui.job_view import ACTIVE, CHARTS, event_log, job_charts, last_step, run_summary, waiting_message
+from webapp.ui.job_view import (
+    ACTIVE,
+    append_metrics,
+    event_log,
+    job_charts,
+    last_step,
+    run_summary,
+    waiting_message,
+)
 from webapp.ui.tabs import Session, job_id_of
 
-NUM_PLOTS = len(CHARTS) + 1  # every chart, and the time per step
+NUM_PLOTS = len(CHARTS)  # a plot for each chart
 KEPT_EVENTS = ("metrics", "samples")  # not kept in the page's state: the charts and Samples show them
 
 
@@ -56,13 +68,24 @@ def load(api, jid: int, view: dict) -> dict:
         "last_event": new[-1]["id"] if new else after,
         "events": (view.get("events", []) if same else []) + kept,
         "job": api.get(f"/jobs/{jid}"),
-        "metrics": api.get(f"/jobs/{jid}/metrics") if fresh or "metrics" in kinds else view.get("metrics"),
+        "metrics": follow_metrics(api, jid, None if fresh else view.get("metrics"), "metrics" in kinds),
         "checkpoints": (
             api.get(f"/jobs/{jid}/checkpoints") if fresh or "checkpoint" in kinds else view.get("checkpoints")
         ),
         "changed": True,
     }
     return updated
+
+
+def follow_metrics(api, jid: int, held: dict | None, new_steps: bool) -> dict:
+    """The job's metrics: all of them when none are `held` (None: start over), `held` itself while no `new_steps`
+    came, else `held` with the points after its last step appended (since_step: the request costs the new steps)."""
+    if held is not None and not new_steps:
+        return held
+    last = last_step(held) if held else None
+    if last is None:
+        return api.get(f"/jobs/{jid}/metrics")
+    return append_metrics(held, api.get(f"/jobs/{jid}/metrics", since_step=last))
 
 
 def job_page_tab(session: Session) -> None:

@@ -10,49 +10,34 @@ from typing import Any
 
 import pandas as pd
 
-from webapp.ui.frames import TIMERS_PREFIX, alarm_words, metrics_frame, timers_frame
+from aligner.metrics import (
+    CHARTS,
+    GOLD_REWARD_PREFIX,
+    INIT_POLICY_KL,
+    OPTIM_PREFIX,
+    ROLLOUTS_PREFIX,
+    TIMERS_PREFIX,
+    TRAIN_REWARD,
+    VAL_PREFIX,
+    VAL_REWARD,
+    chart_of,
+)
+from webapp.ui.frames import alarm_words, metrics_frame
 
-EXTRA_REWARDS_PREFIX = "val/extra_rewards/"
-TRAIN_REWARD, VAL_REWARD, KL = "train_rollouts/rewards", "val/rewards", "train_rollouts/init_policy_kl"
-# Charts of the job page: (title, metric names, y title, log scale when asked). The Reward chart also shows every
-# val/extra_rewards/* (gold rewards). PPO's metrics get charts when the job logged them.
-CHARTS: list[tuple[str, list[str], str, bool]] = [
-    ("Reward", [TRAIN_REWARD, VAL_REWARD], "reward", False),
-    ("Reward with KL penalty", ["train_rollouts/rewards_with_kl"], "reward - beta KL", False),
-    ("KL to the initial policy", [KL], "KL", True),
-    ("Loss", ["train_optim/loss"], "loss", True),
-    ("Grad norm", ["train_optim/grad_norm"], "grad norm", False),
-    ("Response length", ["train_rollouts/response_lengths", "val/response_lengths"], "tokens", False),
-    (
-        "Fraction properly ended",
-        ["train_rollouts/fraction_of_samples_properly_ended", "val/fraction_of_samples_properly_ended"],
-        "fraction",
-        False,
-    ),
-    ("Reward-length correlation", ["train_rollouts/reward_length_corr"], "correlation", False),
-    ("Groups with zero reward spread", ["train_rollouts/frac_zero_std_groups"], "fraction of groups", False),
-    ("Critic loss", ["train_optim/critic_loss"], "loss", True),
-    ("Value estimates", ["train_rollouts/values"], "value", False),
-    ("Clip fraction", ["train_optim/clip_fraction"], "fraction", False),
-    ("Entropy", ["train_optim/entropy"], "nats per token", False),
-    # NeMo-RL's throughput: prompt and response tokens trained per second per process; samples per second.
-    ("Throughput: tokens", ["throughput/tokens_per_s"], "tokens/s per process", False),
-    ("Throughput: samples", ["throughput/samples_per_s"], "samples/s", False),
-]
-TIMERS_CHART = ("Time per step", "seconds")
 ACTIVE = ("queued", "running", "cancelling")
 HEAD_TAIL = 5  # steps averaged at each end for the change in train reward
 
 
 def series_label(name: str) -> str:
-    """A metric's name in a chart's legend: "train", "validation", "gold: NAME" (val/extra_rewards/NAME)."""
-    if name.startswith(EXTRA_REWARDS_PREFIX):
-        return "gold: " + name.removeprefix(EXTRA_REWARDS_PREFIX)
-    if name.startswith("train_"):
+    """A metric's name in a chart's legend: "train", "validation", "gold: NAME" (val/extra_rewards/NAME), a timer's
+    phase."""
+    if name.startswith(GOLD_REWARD_PREFIX):
+        return "gold: " + name.removeprefix(GOLD_REWARD_PREFIX)
+    if name.startswith((ROLLOUTS_PREFIX, OPTIM_PREFIX)):
         return "train"
-    if name.startswith("val/"):
+    if name.startswith(VAL_PREFIX):
         return "validation"
-    return name
+    return name.removeprefix(TIMERS_PREFIX)
 
 
 def _metrics(body: dict) -> dict[str, list]:
@@ -61,26 +46,35 @@ def _metrics(body: dict) -> dict[str, list]:
 
 
 def job_charts(body: dict) -> list[tuple[str, pd.DataFrame, str, bool]]:
-    """(title, data, y title, log) of the job page's charts that have data, CHARTS order, then the time per step."""
-    metrics = _metrics(body)
+    """(title, data, y title, log) of the job page's charts that have data, in the registry's order
+    (aligner/metrics.py CHARTS): each draws its metrics, then the logged gold rewards its spec names, by name."""
+    logged = _metrics(body)
     charts = []
-    for title, names, y_title, log in CHARTS:
-        if title == "Reward":
-            names = names + sorted(n for n in metrics if n.startswith(EXTRA_REWARDS_PREFIX))
+    for chart in CHARTS:
+        family = sorted(n for n in logged if n not in chart.metrics and chart_of(n) == chart.title)
+        names = [*chart.metrics, *family]
         frame = metrics_frame(body, names)
         if len(frame):  # the legend in the order of `names`
             frame = frame.sort_values("series", key=lambda col: col.map(names.index), kind="stable")
             frame["series"] = frame["series"].map(series_label)
-            charts.append((title, frame, y_title, log))
-    timers = timers_frame(body)
-    if len(timers):
-        charts.append((TIMERS_CHART[0], timers, TIMERS_CHART[1], False))
+            charts.append((chart.title, frame, chart.unit, chart.log))
     return charts
 
 
 def last_step(body: dict) -> int | None:
     steps = [int(s) for points in _metrics(body).values() for s, _v in points]
     return max(steps) if steps else None
+
+
+def append_metrics(held: dict, new: dict) -> dict:
+    """A GET /jobs/{id}/metrics body: `held`'s series with `new`'s points (asked with since_step) appended, each
+    series only with the points after the last step it holds, so none is held twice. `held` is left as it is."""
+    series = {name: list(points) for name, points in _metrics(held).items()}
+    for name, points in _metrics(new).items():
+        kept = series.setdefault(name, [])
+        last = int(kept[-1][0]) if kept else None
+        kept += [p for p in points if last is None or int(p[0]) > last]
+    return {**held, "metrics": series}
 
 
 def _values(body: dict, name: str) -> list[tuple[int, float]]:
@@ -186,7 +180,7 @@ def run_summary(job: dict, body: dict, events: list[dict], now: dt.datetime | No
     change = reward_change(body)
     if change is not None:
         facts.append(f"train reward change **{change:+.4g}** (first vs last {HEAD_TAIL} steps)")
-    kl = _values(body, KL)
+    kl = _values(body, INIT_POLICY_KL)
     if kl:
         facts.append(f"KL **{sorted(kl)[-1][1]:.4g}**")
     per_step = seconds_per_step(job, body, now)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from aligner import metrics
 from aligner.cli import main
 from aligner.config import config_from_dict, load_config
 from aligner.errors import ConfigError, RunDirError
@@ -35,25 +36,25 @@ from tests.helpers.learning import assert_reward_rises
 from tests.helpers.rewards import letter_reward
 
 PPO_METRICS = [
-    "train_rollouts/rewards",
-    "train_rollouts/rewards_with_kl",
-    "train_rollouts/init_policy_kl",
-    "train_rollouts/values",
-    "train_rollouts/response_lengths",
-    "train_rollouts/fraction_of_samples_properly_ended",
-    "train_rollouts/reward_length_corr",
-    "train_rollouts/frac_zero_std_groups",
-    "train_optim/loss",
-    "train_optim/grad_norm",
-    "train_optim/lr",
-    "train_optim/critic_loss",
-    "train_optim/clip_fraction",
-    "train_optim/entropy",
-    "timers/generate",
-    "timers/init_logprobs",
-    "timers/critic_infer",
-    "timers/critic_train",
-    "timers/train",
+    metrics.TRAIN_REWARD,
+    metrics.TRAIN_REWARD_WITH_KL,
+    metrics.INIT_POLICY_KL,
+    metrics.VALUES,
+    metrics.TRAIN_RESPONSE_LENGTH,
+    metrics.TRAIN_PROPERLY_ENDED,
+    metrics.REWARD_LENGTH_CORR,
+    metrics.ZERO_SPREAD_GROUPS,
+    metrics.LOSS,
+    metrics.GRAD_NORM,
+    metrics.LR,
+    metrics.CRITIC_LOSS,
+    metrics.CLIP_FRACTION,
+    metrics.ENTROPY,
+    metrics.TIMER_GENERATE,
+    metrics.TIMER_INIT_LOGPROBS,
+    metrics.TIMER_CRITIC_INFER,
+    metrics.TIMER_CRITIC_TRAIN,
+    metrics.TIMER_TRAIN,
 ]
 
 
@@ -203,14 +204,14 @@ def test_critic_warmup_steps_train_the_critic_only(run_config, tiny_policy_dir):
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     for step in (0, 1):
         trainer.step = step
-        metrics = trainer.optimise(rollout)
-        assert metrics["train_optim/critic_loss"] == 0.25 and metrics["train_optim/critic_warmup"] == 1
-        assert "train_optim/loss" not in metrics
+        logged = trainer.optimise(rollout)
+        assert logged[metrics.CRITIC_LOSS] == 0.25 and logged[metrics.CRITIC_WARMUP] == 1
+        assert metrics.LOSS not in logged
     assert trainer.critic.calls == 2 and not trainer.optimizer.state and trainer.scheduler.last_epoch == 0
     assert all(torch.equal(v, policy.state_dict()[k]) for k, v in before.items())
     trainer.step = 2  # warmup over: both sides train
-    metrics = trainer.optimise(rollout)
-    assert trainer.critic.calls == 3 and "train_optim/loss" in metrics and "train_optim/critic_warmup" not in metrics
+    logged = trainer.optimise(rollout)
+    assert trainer.critic.calls == 3 and metrics.LOSS in logged and metrics.CRITIC_WARMUP not in logged
     assert not all(torch.equal(v, policy.state_dict()[k]) for k, v in before.items())
     trainer.close()
 
@@ -254,6 +255,8 @@ def test_ppo_two_steps_resume_two_steps_equals_four_steps(run_config, reward_mod
     strip = [[{k: v for k, v in r.items() if not k.startswith(("timers/", "throughput/"))} for r in rs] for rs in rows]
     assert strip[0] == strip[1]
     assert all(name in rows[0][1] for name in PPO_METRICS)
+    logged = {key for row in rows[0] for key in row} - {"step"}
+    assert {key for key in logged if key not in metrics.names(metrics.PPO)} == set()  # all in the registry
     assert all(r["train_optim/critic_loss"] >= 0 for r in rows[0][1:])
     assert all(0 <= r["train_optim/clip_fraction"] <= 1 for r in rows[0][1:])
     assert all(-1 <= r["train_rollouts/reward_length_corr"] <= 1 for r in rows[0][1:])

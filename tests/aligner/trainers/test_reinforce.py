@@ -6,6 +6,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from aligner import metrics
 from aligner.cli import main
 from aligner.errors import PromptDataError, RunDirError
 from aligner.run_layout import (
@@ -31,28 +32,31 @@ from tests.helpers.tracking import mlflow_client, mlflow_history, tensorboard_sc
 from tests.helpers.training import train
 
 NEMO_METRICS = [
-    "train_rollouts/rewards",
-    "train_rollouts/rewards_with_kl",
-    "train_rollouts/init_policy_kl",
-    "train_rollouts/baseline",
-    "train_rollouts/response_lengths",
-    "train_rollouts/fraction_of_samples_properly_ended",
-    "train_optim/loss",
-    "train_optim/grad_norm",
-    "train_optim/lr",
-    "timers/generate",
-    "timers/logprobs",
-    "timers/init_logprobs",
-    "timers/reward",
-    "timers/train",
-    "timers/step",
-    "throughput/tokens_per_s",
-    "throughput/samples_per_s",
+    metrics.TRAIN_REWARD,
+    metrics.TRAIN_REWARD_WITH_KL,
+    metrics.INIT_POLICY_KL,
+    metrics.BASELINE,
+    metrics.TRAIN_RESPONSE_LENGTH,
+    metrics.TRAIN_PROPERLY_ENDED,
+    metrics.LOSS,
+    metrics.GRAD_NORM,
+    metrics.LR,
+    metrics.TIMER_GENERATE,
+    metrics.TIMER_LOGPROBS,
+    metrics.TIMER_INIT_LOGPROBS,
+    metrics.TIMER_REWARD,
+    metrics.TIMER_TRAIN,
+    metrics.TIMER_STEP,
+    metrics.TOKENS_PER_S,
+    metrics.SAMPLES_PER_S,
 ]
 
 
 def without_timers(rows):
-    return [{k: v for k, v in row.items() if not k.startswith(("timers/", "throughput/"))} for row in rows]
+    return [
+        {k: v for k, v in row.items() if not k.startswith((metrics.TIMERS_PREFIX, metrics.THROUGHPUT_PREFIX))}
+        for row in rows
+    ]
 
 
 def test_two_steps_resume_two_steps_equals_four_steps(run_config, capsys):

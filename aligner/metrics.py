@@ -1,0 +1,284 @@
+"""The registry of metric names: every name the trainers log (metrics.jsonl, TensorBoard, MLflow) and the service
+reads (health rules, the worker, the API, the dashboard, the benchmarks), with what each is and how it is charted.
+
+A metric's name is spelled here and nowhere else in the product: producers and consumers import the constants, so a
+rename cannot blank a chart or silence a health rule unnoticed (tests/aligner/test_metrics.py pins the names users
+see, and checks that a training run logs nothing this module does not hold). Plain Python with no imports beyond
+the standard library: the worker and the dashboard load it without torch. The metrics themselves:
+docs/training.md#metrics-and-samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Which trainer logs a metric.
+REINFORCE, PPO, REWARD_MODEL = "reinforce", "ppo", "reward_model"
+POLICY_TRAINERS = (REINFORCE, PPO)
+
+# The groups (the slash groups the charts in TensorBoard and MLflow).
+ROLLOUTS_PREFIX = "train_rollouts/"
+OPTIM_PREFIX = "train_optim/"
+VAL_PREFIX = "val/"
+TIMERS_PREFIX = "timers/"
+THROUGHPUT_PREFIX = "throughput/"
+RM_TRAIN_PREFIX = "train/"
+
+# ------------------------------------------------------------------------------------------------- the names
+# Rollouts (REINFORCE and PPO): means over the step's samples.
+TRAIN_REWARD = "train_rollouts/rewards"
+TRAIN_REWARD_WITH_KL = "train_rollouts/rewards_with_kl"
+TRAIN_REWARD_WITH_KL_SUM = "train_rollouts/rewards_with_kl_sum"
+INIT_POLICY_KL = "train_rollouts/init_policy_kl"
+BASELINE = "train_rollouts/baseline"
+TRAIN_RESPONSE_LENGTH = "train_rollouts/response_lengths"
+TRAIN_PROPERLY_ENDED = "train_rollouts/fraction_of_samples_properly_ended"
+# Optimisation
+LOSS = "train_optim/loss"
+GRAD_NORM = "train_optim/grad_norm"
+LR = "train_optim/lr"
+IMPORTANCE_WEIGHT = "train_optim/importance_weight"
+IMPORTANCE_WEIGHT_CAPPED = "train_optim/importance_weight_capped"
+# Validation; each gold reward of `validation.extra_rewards` as GOLD_REWARD_PREFIX + its name
+VAL_REWARD = "val/rewards"
+VAL_RESPONSE_LENGTH = "val/response_lengths"
+VAL_PROPERLY_ENDED = "val/fraction_of_samples_properly_ended"
+GOLD_REWARD_PREFIX = "val/extra_rewards/"
+# PPO and its critic (the critic server trains and answers; the PPO trainer logs)
+VALUES = "train_rollouts/values"
+RETURNS = "train_rollouts/returns"
+CRITIC_LOSS = "train_optim/critic_loss"
+CRITIC_WARMUP = "train_optim/critic_warmup"
+CLIP_FRACTION = "train_optim/clip_fraction"
+ENTROPY = "train_optim/entropy"
+# Diagnostics of the rollouts (aligner/algorithms/diagnostics.py)
+REWARD_LENGTH_CORR = "train_rollouts/reward_length_corr"
+ZERO_SPREAD_GROUPS = "train_rollouts/frac_zero_std_groups"
+# Throughput (NeMo-RL's definition)
+TOKENS_PER_S = "throughput/tokens_per_s"
+SAMPLES_PER_S = "throughput/samples_per_s"
+# Timers: wall-clock seconds of a step by phase, and of the whole step (its slowest rank's)
+TIMER_GENERATE = "timers/generate"
+TIMER_GENERATE_WAIT = "timers/generate_wait"
+TIMER_LOGPROBS = "timers/logprobs"
+TIMER_INIT_LOGPROBS = "timers/init_logprobs"
+TIMER_REWARD = "timers/reward"
+TIMER_CRITIC_INFER = "timers/critic_infer"
+TIMER_TRAIN = "timers/train"
+TIMER_CRITIC_TRAIN = "timers/critic_train"
+TIMER_REFIT = "timers/refit"
+TIMER_VALIDATE = "timers/validate"
+TIMER_STEP = "timers/step"
+# The reward-model trainer (aligner/trainers/reward_model.py)
+RM_TRAIN_LOSS = "train/loss"
+RM_TRAIN_ACCURACY = "train/accuracy"
+RM_TRAIN_MARGIN = "train/margin"
+RM_TRAIN_GRAD_NORM = "train/grad_norm"
+RM_TRAIN_LR = "train/lr"
+RM_VAL_LOSS = "val/loss"
+RM_VAL_ACCURACY = "val/accuracy"
+RM_VAL_MARGIN = "val/margin"
+
+
+# ------------------------------------------------------------------------------------------------- the specs
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # as metrics.jsonl, TensorBoard, MLflow, the API and the dashboard spell it
+    title: str  # what it is, in words
+    unit: str  # of its values: the y-axis title of its chart
+    by: tuple[str, ...]  # the trainers that log it
+    chart: str | None = None  # the Job page chart that draws it (CHART_ORDER), None: none
+    log: bool = False  # its chart may use a log y axis (when the user asks and every value is > 0)
+    compare: bool = False  # offered on the Compare tab
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A Job page chart: its metrics in legend order, sharing the y axis's title (`unit`) and log hint."""
+
+    title: str
+    unit: str
+    log: bool
+    metrics: tuple[str, ...]
+
+
+# The Job page's charts, in page order.
+CHART_ORDER = (
+    "Reward",
+    "Reward with KL penalty",
+    "KL to the initial policy",
+    "Loss",
+    "Grad norm",
+    "Response length",
+    "Fraction properly ended",
+    "Reward-length correlation",
+    "Groups with zero reward spread",
+    "Critic loss",
+    "Value estimates",
+    "Clip fraction",
+    "Entropy",
+    "Throughput: tokens",
+    "Throughput: samples",
+    "Time per step",
+)
+
+
+def _timer(name: str, phase: str, by: tuple[str, ...] = POLICY_TRAINERS) -> MetricSpec:
+    return MetricSpec(name, f"seconds of the step spent {phase}", "seconds", by, chart="Time per step")
+
+
+# Every metric, in the order of the Compare tab's list and of each chart's legend.
+_SPECS = (
+    MetricSpec(TRAIN_REWARD, "train reward", "reward", POLICY_TRAINERS, chart="Reward", compare=True),
+    MetricSpec(
+        TRAIN_REWARD_WITH_KL,
+        "train reward less the KL penalty (PPO: each sample's per-token rewards averaged over its tokens)",
+        "reward - beta KL",
+        POLICY_TRAINERS,
+        chart="Reward with KL penalty",
+        compare=True,
+    ),
+    MetricSpec(TRAIN_REWARD_WITH_KL_SUM, "reward less the summed per-token KL penalty", "reward - beta KL", (PPO,)),
+    MetricSpec(
+        INIT_POLICY_KL,
+        "KL to the initial policy, per token",
+        "KL",
+        POLICY_TRAINERS,
+        chart="KL to the initial policy",
+        log=True,
+        compare=True,
+    ),
+    MetricSpec(BASELINE, "the REINFORCE baseline, mean over the samples", "reward", (REINFORCE,)),
+    MetricSpec(
+        TRAIN_RESPONSE_LENGTH,
+        "train response length",
+        "tokens",
+        POLICY_TRAINERS,
+        chart="Response length",
+        compare=True,
+    ),
+    MetricSpec(
+        TRAIN_PROPERLY_ENDED,
+        "share of train responses that ended with an end-of-sequence token",
+        "fraction",
+        POLICY_TRAINERS,
+        chart="Fraction properly ended",
+        compare=True,
+    ),
+    MetricSpec(LOSS, "policy loss", "loss", POLICY_TRAINERS, chart="Loss", log=True, compare=True),
+    MetricSpec(
+        GRAD_NORM, "gradient norm before clipping", "grad norm", POLICY_TRAINERS, chart="Grad norm", compare=True
+    ),
+    MetricSpec(LR, "learning rate", "learning rate", POLICY_TRAINERS, compare=True),
+    MetricSpec(IMPORTANCE_WEIGHT, "mean per-token importance weight (async rollouts)", "weight", (REINFORCE,)),
+    MetricSpec(
+        IMPORTANCE_WEIGHT_CAPPED, "share of tokens whose importance weight was capped", "fraction", (REINFORCE,)
+    ),
+    MetricSpec(VAL_REWARD, "validation reward", "reward", POLICY_TRAINERS, chart="Reward", compare=True),
+    MetricSpec(VAL_RESPONSE_LENGTH, "validation response length", "tokens", POLICY_TRAINERS, chart="Response length"),
+    MetricSpec(
+        VAL_PROPERLY_ENDED,
+        "share of validation responses that ended with an end-of-sequence token",
+        "fraction",
+        POLICY_TRAINERS,
+        chart="Fraction properly ended",
+    ),
+    MetricSpec(
+        VALUES, "critic's value estimates, mean over tokens", "value", (PPO,), chart="Value estimates", compare=True
+    ),
+    MetricSpec(RETURNS, "GAE returns, mean over tokens", "value", (PPO,)),
+    MetricSpec(CRITIC_LOSS, "critic loss", "loss", (PPO,), chart="Critic loss", log=True, compare=True),
+    MetricSpec(CRITIC_WARMUP, "1 on a step that trained the critic only", "flag", (PPO,)),
+    MetricSpec(CLIP_FRACTION, "share of tokens clipped", "fraction", (PPO,), chart="Clip fraction", compare=True),
+    MetricSpec(ENTROPY, "policy entropy per token", "nats per token", (PPO,), chart="Entropy", compare=True),
+    MetricSpec(
+        REWARD_LENGTH_CORR,
+        "correlation of reward and response length",
+        "correlation",
+        POLICY_TRAINERS,
+        chart="Reward-length correlation",
+        compare=True,
+    ),
+    MetricSpec(
+        ZERO_SPREAD_GROUPS,
+        "share of prompt groups whose rewards are all equal",
+        "fraction of groups",
+        POLICY_TRAINERS,
+        chart="Groups with zero reward spread",
+        compare=True,
+    ),
+    MetricSpec(
+        TOKENS_PER_S,
+        "prompt and response tokens trained per second per process",
+        "tokens/s per process",
+        POLICY_TRAINERS,
+        chart="Throughput: tokens",
+    ),
+    MetricSpec(SAMPLES_PER_S, "samples per second", "samples/s", POLICY_TRAINERS, chart="Throughput: samples"),
+    _timer(TIMER_GENERATE, "generating"),
+    _timer(TIMER_GENERATE_WAIT, "waiting for the background generation", (REINFORCE,)),
+    _timer(TIMER_LOGPROBS, "on the policy's log-probs of the samples"),
+    _timer(TIMER_INIT_LOGPROBS, "on the initial policy's log-probs"),
+    _timer(TIMER_REWARD, "scoring"),
+    _timer(TIMER_CRITIC_INFER, "waiting for the critic's values", (PPO,)),
+    _timer(TIMER_TRAIN, "training the policy"),
+    _timer(TIMER_CRITIC_TRAIN, "waiting for the critic's training", (PPO,)),
+    _timer(TIMER_REFIT, "handing the new weights to the generation engine"),
+    _timer(TIMER_VALIDATE, "validating"),
+    _timer(TIMER_STEP, "in all (the slowest rank's)"),
+    MetricSpec(RM_TRAIN_LOSS, "Bradley-Terry loss of the step's pairs", "loss", (REWARD_MODEL,)),
+    MetricSpec(RM_TRAIN_ACCURACY, "share of the step's pairs ranked right", "fraction", (REWARD_MODEL,)),
+    MetricSpec(RM_TRAIN_MARGIN, "mean chosen-less-rejected score of the step's pairs", "score", (REWARD_MODEL,)),
+    MetricSpec(RM_TRAIN_GRAD_NORM, "gradient norm before clipping", "grad norm", (REWARD_MODEL,)),
+    MetricSpec(RM_TRAIN_LR, "learning rate", "learning rate", (REWARD_MODEL,)),
+    MetricSpec(RM_VAL_LOSS, "Bradley-Terry loss of the validation pairs", "loss", (REWARD_MODEL,)),
+    MetricSpec(RM_VAL_ACCURACY, "share of the validation pairs ranked right", "fraction", (REWARD_MODEL,)),
+    MetricSpec(RM_VAL_MARGIN, "mean chosen-less-rejected score of the validation pairs", "score", (REWARD_MODEL,)),
+)
+SPECS: dict[str, MetricSpec] = {s.name: s for s in _SPECS}
+# Every gold reward's metric (GOLD_REWARD_PREFIX + the reward's name) is charted and judged alike.
+GOLD_REWARD = MetricSpec(
+    GOLD_REWARD_PREFIX + "<name>", "validation gold reward <name>", "reward", POLICY_TRAINERS, chart="Reward"
+)
+COMPARE_METRICS: tuple[str, ...] = tuple(s.name for s in _SPECS if s.compare)
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+def gold_reward(name: str) -> str:
+    """The metric of gold reward `name` (validation.extra_rewards.<name>)."""
+    return GOLD_REWARD_PREFIX + name
+
+
+def is_gold_reward(name: str) -> bool:
+    return name.startswith(GOLD_REWARD_PREFIX) and len(name) > len(GOLD_REWARD_PREFIX)
+
+
+def spec(name: str) -> MetricSpec | None:
+    """The spec of metric `name` (a gold reward's: GOLD_REWARD), None for a name no trainer logs."""
+    if name in SPECS:
+        return SPECS[name]
+    return GOLD_REWARD if is_gold_reward(name) else None
+
+
+def chart_of(name: str) -> str | None:
+    """The title of the Job page chart that draws metric `name`; None: none does (or no trainer logs it)."""
+    found = spec(name)
+    return found.chart if found else None
+
+
+def names(by: str | None = None) -> list[str]:
+    """Every fixed metric name (gold rewards' are not fixed), or those trainer `by` logs, in registry order."""
+    return [s.name for s in _SPECS if by is None or by in s.by]
+
+
+def _charts() -> list[Chart]:
+    """The Job page's charts in CHART_ORDER, each with its fixed metrics in legend order (a chart also draws the
+    gold rewards whose spec names it: `spec(name).chart`)."""
+    out = []
+    for title in CHART_ORDER:
+        members = [s for s in _SPECS if s.chart == title]
+        out.append(Chart(title, members[0].unit, members[0].log, tuple(s.name for s in members)))
+    return out
+
+
+CHARTS: tuple[Chart, ...] = tuple(_charts())
