@@ -42,8 +42,8 @@ demo: setup
 # (docs/testing.md): a test that holds only on the developer's CPU fails here, not on the next machine.
 test: setup
 	$(BIN)/ruff check .
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
-	ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1 \
+	ALIGNER_TEST_ASSETS=$(CURDIR)/.test-assets OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
+	ALIGNER_TEST_ASSETS=$(CURDIR)/.test-assets ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1 \
 		$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m cpu_sensitive --durations=5
 
 lint: setup
@@ -54,4 +54,4 @@ bench: setup
 	$(BIN)/python bench/rloo_step.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) $(DATA_DIR) runs .pytest_cache
+	rm -rf $(VENV) $(DEMO_DIR) $(DATA_DIR) runs .pytest_cache .test-assets

@@ -3,6 +3,7 @@ slow seconds run first (`pytest_collection_modifyitems`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -96,12 +97,37 @@ def reward_model_dir(tmp_path_factory, tiny_policy_dir) -> Path:
     return out
 
 
-def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
-    """`build(folder)` once per test run, shared read-only: under pytest-xdist (`make test` runs two workers) the
-    first worker to ask builds it and the other waits for it, instead of building it again on the same cores."""
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # the run's folder, above each worker's own
+# Where `built_once` keeps what it builds across test runs (`make test` sets it: its second pass, and the next
+# `make test`, reuse the first one's demo assets); unset, each run builds in its own temporary folder.
+ASSETS_ENV = "ALIGNER_TEST_ASSETS"
+
+
+def _sources_digest(*packages: str) -> str:
+    """A digest of the packages' source and of the library versions a build depends on: a cached build whose
+    sources changed is not reused."""
+    import transformers
+
+    digest = hashlib.sha256(f"{torch.__version__}|{transformers.__version__}".encode())
+    root = Path(__file__).resolve().parent.parent
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None], sources: tuple[str, ...] = ()) -> Path:
+    """`build(folder)` once, shared read-only: under pytest-xdist (`make test` runs two workers) the first worker to
+    ask builds it and the other waits for it, instead of building it again on the same cores. With
+    `ALIGNER_TEST_ASSETS` set, the build is kept there, keyed by the digest of `sources` (package folders), for later
+    runs."""
+    if os.environ.get(ASSETS_ENV):
+        base = Path(os.environ[ASSETS_ENV])
+        base.mkdir(parents=True, exist_ok=True)
+        name = f"{name}-{_sources_digest(*sources)}"
+    else:
+        base = tmp_path_factory.getbasetemp()
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            base = base.parent  # the run's folder, above each worker's own
     folder = base / name
     with FileLock(str(base / f"{name}.lock")):
         if not (folder / ".built").exists():
@@ -117,7 +143,7 @@ def demo_assets_dir(tmp_path_factory) -> Path:
     from aligner.demo.assets import build_demo_assets
 
     build = lambda folder: build_demo_assets(folder / "assets", seed=0, progress=False)  # noqa: E731
-    return built_once(tmp_path_factory, "demo", build) / "assets"
+    return built_once(tmp_path_factory, "demo", build, sources=("aligner",)) / "assets"
 
 
 @pytest.fixture
