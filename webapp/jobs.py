@@ -21,7 +21,6 @@ broker cannot take it, the job stays queued and the workers' sweep sends it agai
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 from apiflask import APIBlueprint
@@ -46,11 +45,12 @@ from webapp.db import (
     transition,
     utcnow,
 )
+from webapp.dry_run import dry_run
 from webapp.errors import abort_fields
 from webapp.extensions import db
 from webapp.job_config import validate_job_config
-from webapp.limits import check_active_jobs, try_slot
-from webapp.preflight import DRY_RUN_PROMPTS, DRY_RUN_SAMPLES, cheap_checks, check_errors, estimate_step_s
+from webapp.limits import check_active_jobs
+from webapp.preflight import cheap_checks, check_errors
 from webapp.schemas import INT32_MAX, DryRunQuery, JobIn, JobListQuery, JobOut, JobPage, PreflightOut
 
 bp = APIBlueprint("jobs", __name__, url_prefix="/api/v1/jobs", tag="Jobs")
@@ -149,51 +149,6 @@ def create_job(json_data, query_data):
     db.session.commit()
     _enqueue(job)
     return job
-
-
-def dry_run(train, stored: dict, checks: list[dict]):
-    """The preflight's answer (PreflightOut, 200): the cheap `checks`, then the reward tried on a few samples and the
-    step time estimated from it, both skipped when the policy or tokenizer failed."""
-    from webapp.rewards_try import TryFailed, public_result, run_try
-
-    checks = [{key: value for key, value in check.items() if key != "field"} for check in checks]
-    estimate = None
-    if all(check["ok"] for check in checks if check["name"] in ("policy", "tokenizer")):
-        release = try_slot()
-        start = time.perf_counter()
-        try:
-            db.close_session()  # no connection held while the try runs
-            outcome = run_try(train, DRY_RUN_PROMPTS, DRY_RUN_SAMPLES, current_app.config["TRY_TIMEOUT_S"])
-        except TryFailed as err:
-            reasons = "; ".join(reason for field in err.errors.values() for reason in field)
-            checks.append(_check("reward", False, reasons, start))
-            checks.append(_check("step_time", False, "not estimated: the reward try failed", start, 0.0))
-        else:
-            result = public_result(outcome.result)
-            rewards = ", ".join(f"{sample['reward']:.3g}" for sample in result["samples"])
-            warned = f"; warnings: {'; '.join(result['warnings'])}" if result["warnings"] else ""
-            message = f"{len(result['samples'])} samples scored: {rewards}{warned}"
-            checks.append(_check("reward", True, message, start))
-            estimate = estimate_step_s(train, outcome.train, outcome.result["timings"])
-            samples = train.reinforce.num_prompts_per_step * train.reinforce.num_rollouts_per_prompt
-            message = (
-                f"an estimate, not a measure: about {estimate:.1f} s a step for {samples} samples of up to "
-                f"{train.generation.max_new_tokens} tokens, scaled from the try's generation and scoring (training "
-                "taken as twice the generation); on the worker's hardware it differs"
-            )
-            checks.append(_check("step_time", True, message, start, 0.0))
-        finally:
-            release()
-    else:
-        checks.append(_check("reward", False, "not tried: the policy or tokenizer check failed", time.perf_counter()))
-    stored = {key: value for key, value in stored.items() if key != "run_dir"}  # a job's run_dir comes with its id
-    body = {"ok": all(c["ok"] for c in checks), "checks": checks, "estimated_step_s": estimate, "config": stored}
-    return current_app.json.response(PreflightOut().dump(body))  # a Response: not dumped again as a JobOut
-
-
-def _check(name: str, ok: bool, message: str, start: float, seconds: float | None = None) -> dict:
-    elapsed = time.perf_counter() - start if seconds is None else seconds
-    return {"name": name, "ok": ok, "message": message, "seconds": elapsed}
 
 
 @bp.get("")
