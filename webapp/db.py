@@ -50,6 +50,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from aligner.errors import AlignerError
 
 DEFAULT_DATA_DIR = Path(os.environ.get("ALIGNER_DATA_DIR", "aligner_data"))
+RUNS_DIR = "runs"  # in the data folder: one run folder per job, job_ID (`run_dir_for`)
 
 QUEUED, RUNNING, CANCELLING = "queued", "running", "cancelling"
 SUCCEEDED, FAILED, CANCELLED, PAUSED = "succeeded", "failed", "cancelled", "paused"
@@ -257,6 +258,12 @@ class ServerEndpoint(Base):
     model_name: Mapped[str] = mapped_column(String(100), default="reward_model")
     description: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+def run_dir_for(data_dir: str | Path, job_id: int) -> Path:
+    """The run folder the service gives job `job_id` (its `Job.run_dir`): DATA_DIR/runs/job_ID. The API sets it when
+    it creates the job; the worker falls back to it for a job that has none."""
+    return Path(data_dir) / RUNS_DIR / f"job_{job_id}"
 
 
 def column_values(row: Base) -> dict[str, Any]:

@@ -36,12 +36,14 @@ from webapp.db import (
     PAUSED,
     QUEUED,
     RUNNING,
+    RUNS_DIR,
     SUCCEEDED,
     Checkpoint,
     Job,
     Metric,
     Sample,
     add_event,
+    run_dir_for,
     transition,
     utcnow,
 )
@@ -65,10 +67,6 @@ def get_job_or_404(job_id: int, lock: bool = False) -> Job:
     if job is None:
         abort_fields(404, f"job {job_id} not found")
     return job
-
-
-def run_dir_for(job_id: int) -> Path:
-    return Path(current_app.config["DATA_DIR"]) / "runs" / f"job_{job_id}"
 
 
 def _enqueue(job: Job) -> None:
@@ -118,7 +116,7 @@ def create_job(json_data, query_data):
         db.session,
         user,
         Path(current_app.config["DATA_DIR"]),
-        run_dir_for(0),
+        run_dir_for(current_app.config["DATA_DIR"], 0),
         current_app.config["JOB_LIMITS"],
     )
     if isinstance(result, dict):
@@ -143,7 +141,7 @@ def create_job(json_data, query_data):
     )
     db.session.add(job)
     db.session.flush()  # the id names the run folder
-    job.run_dir = str(run_dir_for(job.id))
+    job.run_dir = str(run_dir_for(current_app.config["DATA_DIR"], job.id))
     job.config = {**config, "run_dir": job.run_dir}
     add_event(db.session, job.id, "status", {"status": QUEUED, "error": None, "step": 0})
     db.session.commit()
@@ -257,7 +255,7 @@ def retry_job(job_id: int):
     transition(db.session, job, QUEUED, **fresh)  # first: a request that lost the race deletes nothing
     for model in (Metric, Sample, Checkpoint):
         db.session.execute(delete(model).where(model.job_id == job.id))
-    runs = (Path(current_app.config["DATA_DIR"]) / "runs").resolve()
+    runs = (Path(current_app.config["DATA_DIR"]) / RUNS_DIR).resolve()
     run_dir = Path(job.run_dir).resolve()
     if run_dir.is_relative_to(runs) and run_dir != runs:  # only ever a folder the server made
         shutil.rmtree(run_dir, ignore_errors=True)  # no worker has it yet: it is sent after the commit
