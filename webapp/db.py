@@ -48,8 +48,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from sqlalchemy.orm.attributes import set_committed_value
 
 from aligner.errors import AlignerError
+from webapp.settings import service_settings
 
-DEFAULT_DATA_DIR = Path(os.environ.get("ALIGNER_DATA_DIR", "aligner_data"))
 RUNS_DIR = "runs"  # in the data folder: one run folder per job, job_ID (`run_dir_for`)
 
 QUEUED, RUNNING, CANCELLING = "queued", "running", "cancelling"
@@ -273,11 +273,12 @@ def column_values(row: Base) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------- engine
 def database_url(data_dir: Path | None = None) -> str:
-    """`ALIGNER_DATABASE_URL`, or a SQLite file in the data folder (no server needed)."""
-    url = os.environ.get("ALIGNER_DATABASE_URL")
-    if url:
-        return url
-    folder = Path(data_dir or DEFAULT_DATA_DIR).resolve()
+    """The settings' `database_url` (ALIGNER_DATABASE_URL), or a SQLite file in `data_dir` (default: the settings'
+    `data_dir`; no server needed)."""
+    settings = service_settings()
+    if settings.database_url:
+        return settings.database_url
+    folder = Path(data_dir or settings.data_dir).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{folder / 'aligner.db'}"
 
