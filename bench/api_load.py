@@ -135,7 +135,7 @@ def database(backend: str, tmp: Path, postgres_url: str) -> Iterator[str]:
 def job_config(session, user, data_dir: Path, max_steps: int) -> dict:
     """A resolved config as the API stores it (catalogue names, every default filled in), naming a stand-in policy
     registered in the catalogue and two datasets of `user`."""
-    from webapp.db import CatalogueModel, Dataset
+    from webapp.db import CatalogueModel, Dataset, run_dir_for
     from webapp.job_config import validate_job_config
 
     policy = data_dir / "models" / "tiny-sft"
@@ -153,7 +153,7 @@ def job_config(session, user, data_dir: Path, max_steps: int) -> dict:
         "reward": {"function": "demo"},
         "trainer": {"max_steps": max_steps},
     }
-    config = validate_job_config(raw, session, user, data_dir, data_dir / "runs" / "job_0")
+    config = validate_job_config(raw, session, user, data_dir, run_dir_for(data_dir, 0))
     if isinstance(config, dict):
         raise RuntimeError(f"invalid benchmark config: {config}")
     return config.stored
@@ -174,6 +174,7 @@ def seed(url: str, data_dir: Path, jobs: int, steps: int) -> tuple[str, list[int
         create_token,
         make_engine,
         make_session_factory,
+        run_dir_for,
         session_scope,
     )
     from webapp.migrate import upgrade
@@ -217,7 +218,7 @@ def seed(url: str, data_dir: Path, jobs: int, steps: int) -> tuple[str, list[int
             session.execute(insert(Job), job_rows)
             job_ids = list(session.scalars(select(Job.id).where(Job.user_id == user_id).order_by(Job.id)))
             for job_id in job_ids:
-                run_dir = str(data_dir / "runs" / f"job_{job_id}")
+                run_dir = str(run_dir_for(data_dir, job_id))
                 session.execute(update(Job).where(Job.id == job_id).values(run_dir=run_dir))
 
             metrics, samples, events = [], [], []

@@ -79,18 +79,18 @@ def make_texts(n: int, seed: int = 1) -> list[tuple[str, str]]:
 
 
 def make_payloads(pairs: list[tuple[str, str]], batch: int, inputs: str, count: int = 16) -> list[bytes]:
-    """`count` different pre-encoded request bodies of `batch` rows each (rotating through `pairs`)."""
-
-    def tensor(name: str, values: list[str]) -> dict:
-        return {"name": name, "shape": [len(values), 1], "datatype": "BYTES", "data": values}
+    """`count` different pre-encoded request bodies of `batch` rows each (rotating through `pairs`), as the reward
+    client builds them."""
+    from aligner.rewards.kserve import bytes_column
 
     bodies = []
     for k in range(count):
         rows = [pairs[(k * batch + i) % len(pairs)] for i in range(batch)]
         if inputs == "sentences":
-            body = {"inputs": [tensor("sentences", [p + r for p, r in rows])]}
+            body = {"inputs": [bytes_column("sentences", [p + r for p, r in rows])]}
         else:
-            body = {"inputs": [tensor("prompts", [p for p, _ in rows]), tensor("responses", [r for _, r in rows])]}
+            prompts, responses = [p for p, _ in rows], [r for _, r in rows]
+            body = {"inputs": [bytes_column("prompts", prompts), bytes_column("responses", responses)]}
         bodies.append(json.dumps(body).encode())
     return bodies
 

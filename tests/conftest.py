@@ -137,6 +137,17 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], None], sourc
     return folder
 
 
+@pytest.fixture(autouse=True)
+def fresh_service_settings():
+    """Each test reads the service's settings (webapp/settings.py) from its own environment: a test that changes the
+    environment after they were read calls `service_settings.cache_clear()` itself."""
+    from webapp.settings import service_settings
+
+    service_settings.cache_clear()
+    yield
+    service_settings.cache_clear()  # after monkeypatch restored the environment: nothing leaks into the next test
+
+
 @pytest.fixture(scope="session")
 def demo_assets_dir(tmp_path_factory) -> Path:
     """The full demo folder of `aligner demo-assets` (about a minute to build): slow tests only."""

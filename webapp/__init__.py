@@ -3,34 +3,33 @@
     flask --app webapp run                   # development server (threaded), http://127.0.0.1:5000/api/v1/docs
     gunicorn -k gthread --threads 8 -w 2 'webapp:create_app()'
 
-Config (create_app's test_config, else the environment):
+Config (create_app's test_config, else the service's settings, webapp/settings.py: the environment variables and
+their defaults are listed in docs/service.md, "Environment variables"):
 
-    DATA_DIR               runs (DATA_DIR/runs/job_ID) and uploads (DATA_DIR/datasets); env ALIGNER_DATA_DIR
-    DATABASE_URL           default webapp.db.database_url(): env ALIGNER_DATABASE_URL, else DATA_DIR/aligner.db
+    DATA_DIR               runs (DATA_DIR/runs/job_ID) and uploads (DATA_DIR/datasets); settings' data_dir
+    DATABASE_URL           default webapp.db.database_url(): settings' database_url, else DATA_DIR/aligner.db
     MAX_CONTENT_LENGTH     largest request body (1 MiB); MAX_DATASET_SIZE for uploads (256 MiB)
-    JOB_QUEUE              an object with enqueue(job_id); default webapp.queues.CeleryQueue() (ALIGNER_BROKER_URL)
-    JOB_LIMITS             per-job caps over webapp.job_config's, e.g. {"model.num_threads": 8}; env ALIGNER_JOB_LIMITS
+    JOB_QUEUE              an object with enqueue(job_id); default webapp.queues.CeleryQueue() (settings' broker_url)
+    JOB_LIMITS             per-job caps over webapp.job_config's, e.g. {"model.num_threads": 8}, over settings' ones
     SSE_POLL_INTERVAL, SSE_HEARTBEAT_INTERVAL   seconds (0.25, 15)
     TRY_TIMEOUT_S          seconds a reward try (POST /rewards/try, a job's dry run) may run (120), then 422
 
-Limits (webapp/limits.py, docs/security.md "Limits"), each defaulting to its environment variable:
+Limits (webapp/limits.py, docs/security.md "Limits"), each defaulting to its field of the settings:
 
-    SIGNIN_FAILURE_LIMIT         requests without a valid token per client address ("10 per minute"), then 429;
-                                 env ALIGNER_SIGNIN_LIMIT
-    RATELIMIT_STORAGE_URI        where those are counted ("memory://", per process; e.g. "redis://host:6379/2" for
-                                 all processes); env ALIGNER_RATELIMIT_STORAGE_URI. RATELIMIT_ENABLED (True),
-                                 RATELIMIT_IN_MEMORY_FALLBACK_ENABLED (True) and Flask-Limiter's other keys apply too
-    MAX_ACTIVE_JOBS_PER_USER     queued + running + cancelling jobs (4), then 429; env ALIGNER_MAX_ACTIVE_JOBS
-    MAX_DATASET_BYTES_PER_USER   all of a user's uploads (1 GiB), then 413; env ALIGNER_MAX_DATASET_BYTES
-    MAX_EVENT_STREAMS_PER_USER   open event streams per API process (4), then 429; env ALIGNER_MAX_EVENT_STREAMS
-    MAX_TRIES_PER_USER           reward tries running per API process (1), then 429; env ALIGNER_MAX_TRIES
+    SIGNIN_FAILURE_LIMIT         requests without a valid token per client address, then 429
+    RATELIMIT_STORAGE_URI        where those are counted (per process, or e.g. "redis://host:6379/2" for all
+                                 processes). RATELIMIT_ENABLED (True), RATELIMIT_IN_MEMORY_FALLBACK_ENABLED (True) and
+                                 Flask-Limiter's other keys apply too
+    MAX_ACTIVE_JOBS_PER_USER     queued + running + cancelling jobs, then 429
+    MAX_DATASET_BYTES_PER_USER   all of a user's uploads, then 413
+    MAX_EVENT_STREAMS_PER_USER   open event streams per API process, then 429
+    MAX_TRIES_PER_USER           reward tries running per API process, then 429
 
 The Flask pieces are imported inside create_app: the worker imports webapp.db without needing them.
 """
 
 from __future__ import annotations
 
-import os
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -71,10 +70,11 @@ def create_app(test_config: dict[str, Any] | None = None):
         results,
         rewards_try,
     )
-    from webapp.db import DEFAULT_DATA_DIR, database_url
+    from webapp.db import database_url
     from webapp.extensions import db
     from webapp.queues import CeleryQueue
     from webapp.rewards_try import TRY_TIMEOUT_S
+    from webapp.settings import service_settings
 
     version = _version()
     app = APIFlask(
@@ -86,7 +86,7 @@ def create_app(test_config: dict[str, Any] | None = None):
         docs_oauth2_redirect_path="/api/v1/docs/oauth2-redirect",
     )
     app.config.from_mapping(
-        DATA_DIR=os.environ.get("ALIGNER_DATA_DIR", str(DEFAULT_DATA_DIR)),
+        DATA_DIR=str(service_settings().data_dir),
         DATABASE_URL=None,
         MAX_CONTENT_LENGTH=1024 * 1024,
         MAX_DATASET_SIZE=256 * 1024 * 1024,

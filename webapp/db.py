@@ -49,8 +49,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, column_property, ma
 from sqlalchemy.orm.attributes import set_committed_value
 
 from aligner.errors import AlignerError
+from webapp.settings import service_settings
 
-DEFAULT_DATA_DIR = Path(os.environ.get("ALIGNER_DATA_DIR", "aligner_data"))
+RUNS_DIR = "runs"  # in the data folder: one run folder per job, job_ID (`run_dir_for`)
 
 QUEUED, RUNNING, CANCELLING = "queued", "running", "cancelling"
 SUCCEEDED, FAILED, CANCELLED, PAUSED = "succeeded", "failed", "cancelled", "paused"
@@ -269,6 +270,12 @@ class ServerEndpoint(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
+def run_dir_for(data_dir: str | Path, job_id: int) -> Path:
+    """The run folder the service gives job `job_id` (its `Job.run_dir`): DATA_DIR/runs/job_ID. The API sets it when
+    it creates the job; the worker falls back to it for a job that has none."""
+    return Path(data_dir) / RUNS_DIR / f"job_{job_id}"
+
+
 def column_values(row: Base) -> dict[str, Any]:
     """A row's columns by name: what a response is built from when it adds or hides fields."""
     return {column.name: getattr(row, column.name) for column in row.__table__.columns}
@@ -276,11 +283,12 @@ def column_values(row: Base) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------- engine
 def database_url(data_dir: Path | None = None) -> str:
-    """`ALIGNER_DATABASE_URL`, or a SQLite file in the data folder (no server needed)."""
-    url = os.environ.get("ALIGNER_DATABASE_URL")
-    if url:
-        return url
-    folder = Path(data_dir or DEFAULT_DATA_DIR).resolve()
+    """The settings' `database_url` (ALIGNER_DATABASE_URL), or a SQLite file in `data_dir` (default: the settings'
+    `data_dir`; no server needed)."""
+    settings = service_settings()
+    if settings.database_url:
+        return settings.database_url
+    folder = Path(data_dir or settings.data_dir).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{folder / 'aligner.db'}"
 

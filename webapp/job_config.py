@@ -30,7 +30,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from aligner.rewards.builtins import BUILTIN_REWARDS, validate_builtin_params
 from aligner.servers.launch import check_critic_overrides
 from webapp.catalogue import find_dataset, find_model, find_server, reward_target
 from webapp.db import ALGORITHMS, CRITIC, POLICY, REWARD, TOKENIZER, CatalogueModel, Job, User
+from webapp.settings import service_settings, variable_of
 
 # Sizes (and waits) a single job may ask for; an operator changes them with ALIGNER_JOB_LIMITS or the app's JOB_LIMITS.
 # Integers are capped at INT64_MAX without a limit here; a float field only when it has one.
@@ -67,7 +67,6 @@ JOB_LIMIT_DEFAULTS: dict[str, int] = {
     "critic.unavailable_timeout_s": 86_400,
     "validation.extra_rewards": 4,  # how many; each entry's fields have the limits of `reward`'s
 }
-JOB_LIMITS_ENV = "ALIGNER_JOB_LIMITS"
 DEFAULT_KEEP_CHECKPOINTS = 3
 INT64_MAX = 2**63 - 1
 MAX_REASON_CHARS = 300
@@ -158,16 +157,18 @@ def config_errors(err: ConfigError) -> dict[str, list[str]]:
 
 # ------------------------------------------------------------------------------------------------- limits
 def job_limits(overrides: dict[str, int] | None = None) -> dict[str, int]:
-    """JOB_LIMIT_DEFAULTS, then ALIGNER_JOB_LIMITS (a JSON object), then `overrides` (the app's JOB_LIMITS)."""
+    """JOB_LIMIT_DEFAULTS, then the settings' job_limits (ALIGNER_JOB_LIMITS, a JSON object), then `overrides` (the
+    app's JOB_LIMITS)."""
     limits = dict(JOB_LIMIT_DEFAULTS)
-    raw = os.environ.get(JOB_LIMITS_ENV)
+    raw = service_settings().job_limits
     if raw:
+        env = variable_of("job_limits").name
         try:
             from_env = json.loads(raw)
         except ValueError as err:
-            raise ConfigError(f"{JOB_LIMITS_ENV} is not a JSON object: {err}") from None
+            raise ConfigError(f"{env} is not a JSON object: {err}") from None
         if not isinstance(from_env, dict) or not all(isinstance(v, int) for v in from_env.values()):
-            raise ConfigError(f'{JOB_LIMITS_ENV} must map fields to integers, e.g. {{"model.num_threads": 8}}')
+            raise ConfigError(f'{env} must map fields to integers, e.g. {{"model.num_threads": 8}}')
         limits.update(from_env)
     limits.update(overrides or {})
     return limits

@@ -23,7 +23,6 @@ job the API returns lists the ones that apply as `actions`.
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 from apiflask import APIBlueprint
@@ -38,20 +37,23 @@ from webapp.db import (
     QUEUED,
     RESUME,
     RETRY,
+    RUNS_DIR,
     Checkpoint,
     Job,
     Metric,
     Sample,
     add_event,
     refusal,
+    run_dir_for,
     transition,
     utcnow,
 )
+from webapp.dry_run import dry_run
 from webapp.errors import abort_fields
 from webapp.extensions import db
 from webapp.job_config import validate_job_config
-from webapp.limits import check_active_jobs, try_slot
-from webapp.preflight import DRY_RUN_PROMPTS, DRY_RUN_SAMPLES, cheap_checks, check_errors, estimate_step_s
+from webapp.limits import check_active_jobs
+from webapp.preflight import cheap_checks, check_errors
 from webapp.schemas import INT32_MAX, DryRunQuery, JobIn, JobListQuery, JobOut, JobPage, PreflightOut
 
 bp = APIBlueprint("jobs", __name__, url_prefix="/api/v1/jobs", tag="Jobs")
@@ -66,10 +68,6 @@ def get_job_or_404(job_id: int, lock: bool = False) -> Job:
     if job is None:
         abort_fields(404, f"job {job_id} not found")
     return job
-
-
-def run_dir_for(job_id: int) -> Path:
-    return Path(current_app.config["DATA_DIR"]) / "runs" / f"job_{job_id}"
 
 
 def _enqueue(job: Job) -> None:
@@ -119,7 +117,7 @@ def create_job(json_data, query_data):
         db.session,
         user,
         Path(current_app.config["DATA_DIR"]),
-        run_dir_for(0),
+        run_dir_for(current_app.config["DATA_DIR"], 0),
         current_app.config["JOB_LIMITS"],
     )
     if isinstance(result, dict):
@@ -144,57 +142,12 @@ def create_job(json_data, query_data):
     )
     db.session.add(job)
     db.session.flush()  # the id names the run folder
-    job.run_dir = str(run_dir_for(job.id))
+    job.run_dir = str(run_dir_for(current_app.config["DATA_DIR"], job.id))
     job.config = {**config, "run_dir": job.run_dir}
     add_event(db.session, job.id, "status", {"status": QUEUED, "error": None, "step": 0})
     db.session.commit()
     _enqueue(job)
     return job
-
-
-def dry_run(train, stored: dict, checks: list[dict]):
-    """The preflight's answer (PreflightOut, 200): the cheap `checks`, then the reward tried on a few samples and the
-    step time estimated from it, both skipped when the policy or tokenizer failed."""
-    from webapp.rewards_try import TryFailed, public_result, run_try
-
-    checks = [{key: value for key, value in check.items() if key != "field"} for check in checks]
-    estimate = None
-    if all(check["ok"] for check in checks if check["name"] in ("policy", "tokenizer")):
-        release = try_slot()
-        start = time.perf_counter()
-        try:
-            db.close_session()  # no connection held while the try runs
-            outcome = run_try(train, DRY_RUN_PROMPTS, DRY_RUN_SAMPLES, current_app.config["TRY_TIMEOUT_S"])
-        except TryFailed as err:
-            reasons = "; ".join(reason for field in err.errors.values() for reason in field)
-            checks.append(_check("reward", False, reasons, start))
-            checks.append(_check("step_time", False, "not estimated: the reward try failed", start, 0.0))
-        else:
-            result = public_result(outcome.result)
-            rewards = ", ".join(f"{sample['reward']:.3g}" for sample in result["samples"])
-            warned = f"; warnings: {'; '.join(result['warnings'])}" if result["warnings"] else ""
-            message = f"{len(result['samples'])} samples scored: {rewards}{warned}"
-            checks.append(_check("reward", True, message, start))
-            estimate = estimate_step_s(train, outcome.train, outcome.result["timings"])
-            samples = train.reinforce.num_prompts_per_step * train.reinforce.num_rollouts_per_prompt
-            message = (
-                f"an estimate, not a measure: about {estimate:.1f} s a step for {samples} samples of up to "
-                f"{train.generation.max_new_tokens} tokens, scaled from the try's generation and scoring (training "
-                "taken as twice the generation); on the worker's hardware it differs"
-            )
-            checks.append(_check("step_time", True, message, start, 0.0))
-        finally:
-            release()
-    else:
-        checks.append(_check("reward", False, "not tried: the policy or tokenizer check failed", time.perf_counter()))
-    stored = {key: value for key, value in stored.items() if key != "run_dir"}  # a job's run_dir comes with its id
-    body = {"ok": all(c["ok"] for c in checks), "checks": checks, "estimated_step_s": estimate, "config": stored}
-    return current_app.json.response(PreflightOut().dump(body))  # a Response: not dumped again as a JobOut
-
-
-def _check(name: str, ok: bool, message: str, start: float, seconds: float | None = None) -> dict:
-    elapsed = time.perf_counter() - start if seconds is None else seconds
-    return {"name": name, "ok": ok, "message": message, "seconds": elapsed}
 
 
 @bp.get("")
@@ -302,7 +255,7 @@ def retry_job(job_id: int):
     transition(db.session, job, QUEUED, **fresh)  # first: a request that lost the race deletes nothing
     for model in (Metric, Sample, Checkpoint):
         db.session.execute(delete(model).where(model.job_id == job.id))
-    runs = (Path(current_app.config["DATA_DIR"]) / "runs").resolve()
+    runs = (Path(current_app.config["DATA_DIR"]) / RUNS_DIR).resolve()
     run_dir = Path(job.run_dir).resolve()
     if run_dir.is_relative_to(runs) and run_dir != runs:  # only ever a folder the server made
         shutil.rmtree(run_dir, ignore_errors=True)  # no worker has it yet: it is sent after the commit

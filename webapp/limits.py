@@ -1,7 +1,7 @@
 """Limits an operator sets: failed sign-ins per client address (429 with Retry-After), and per user the active jobs
 (429), the bytes of uploaded datasets (413), the open event streams (429) and the reward tries running (429). Each
-is an app config key whose default comes from an environment variable (SETTINGS; listed in webapp/__init__.py and
-docs/security.md "Limits").
+is an app config key whose default is a field of the service's settings (LIMIT_SETTINGS; the variables:
+webapp/settings.py, docs/service.md "Environment variables"; the limits: docs/security.md "Limits").
 
 Failed sign-ins are Flask-Limiter's: a shared limit on every blueprint that needs a token, checked before each
 request and deducted only when the answer is 401 (no, a wrong, an expired or a revoked token). Once an address has
@@ -11,7 +11,6 @@ used them up, every request from it that needs a token gets 429 until the window
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections import Counter
@@ -30,33 +29,28 @@ from webapp.auth import current_user
 from webapp.db import CANCELLING, QUEUED, RUNNING, Dataset, Job, User
 from webapp.errors import abort_fields
 from webapp.extensions import db
+from webapp.settings import service_settings
 
 ACTIVE_STATUSES = (QUEUED, RUNNING, CANCELLING)
 SIGNIN_SCOPE = "failed-signin"
 EXTENSION = "aligner_limits"
 
-# config key: (environment variable, default, parser)
-SETTINGS: dict[str, tuple[str, Any, Callable[[str], Any]]] = {
-    "SIGNIN_FAILURE_LIMIT": ("ALIGNER_SIGNIN_LIMIT", "10 per minute", str),
-    "RATELIMIT_STORAGE_URI": ("ALIGNER_RATELIMIT_STORAGE_URI", "memory://", str),
-    "MAX_ACTIVE_JOBS_PER_USER": ("ALIGNER_MAX_ACTIVE_JOBS", 4, int),
-    "MAX_DATASET_BYTES_PER_USER": ("ALIGNER_MAX_DATASET_BYTES", 1024**3, int),
-    "MAX_EVENT_STREAMS_PER_USER": ("ALIGNER_MAX_EVENT_STREAMS", 4, int),
-    "MAX_TRIES_PER_USER": ("ALIGNER_MAX_TRIES", 1, int),
+# config key: the field of ServiceSettings (webapp/settings.py) that gives its default
+LIMIT_SETTINGS = {
+    "SIGNIN_FAILURE_LIMIT": "signin_limit",
+    "RATELIMIT_STORAGE_URI": "ratelimit_storage_uri",
+    "MAX_ACTIVE_JOBS_PER_USER": "max_active_jobs",
+    "MAX_DATASET_BYTES_PER_USER": "max_dataset_bytes",
+    "MAX_EVENT_STREAMS_PER_USER": "max_event_streams",
+    "MAX_TRIES_PER_USER": "max_tries",
 }
 TRY_EXTENSION = "aligner_try_slots"
 
 
 def config_defaults() -> dict[str, Any]:
-    """Each limit's config default: its environment variable when set, else the built-in value."""
-    out = {}
-    for key, (env, default, parse) in SETTINGS.items():
-        raw = os.environ.get(env)
-        try:
-            out[key] = default if raw is None else parse(raw)
-        except ValueError:
-            raise ValueError(f"{env}={raw!r} is not valid for {key}: expected something like {default!r}") from None
-    return out
+    """Each limit's config default: its field of the service's settings (its environment variable, when set)."""
+    settings = service_settings()
+    return {key: getattr(settings, attribute) for key, attribute in LIMIT_SETTINGS.items()}
 
 
 class StreamSlots:

@@ -19,7 +19,6 @@ packages.
 from __future__ import annotations
 
 import argparse
-import os
 
 from aligner.errors import AlignerError
 
@@ -213,8 +212,13 @@ def _cmd_up(args: argparse.Namespace) -> None:
 
 
 def _cmd_ui(args: argparse.Namespace) -> None:
+    from webapp.settings import service_settings
     from webapp.ui import run
 
+    # The environment is read here, not when the parser is built: every `aligner` command builds it.
+    settings = service_settings()
+    args.api_url = settings.api_url if args.api_url is None else args.api_url
+    args.data_dir = str(settings.data_dir) if args.data_dir is None else args.data_dir
     run(args)
 
 
@@ -260,14 +264,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     ui = sub.add_parser("ui", help="serve the dashboard (Gradio), a client of the training service's REST API")
     ui.add_argument(
         "--api-url",
-        default=os.environ.get("ALIGNER_API_URL", "http://127.0.0.1:5000"),
+        default=None,
         help="the REST API's base URL (default: env ALIGNER_API_URL, else http://127.0.0.1:5000)",
     )
     ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     ui.add_argument("--port", type=int, default=7860, help="port to listen on (default 7860)")
     ui.add_argument(
         "--data-dir",
-        default=os.environ.get("ALIGNER_DATA_DIR", "aligner_data"),
+        default=None,
         help="only for presets: the demo tiny model in DATA_DIR/demo_assets (default: env ALIGNER_DATA_DIR)",
     )
     ui.set_defaults(func=_cmd_ui)

@@ -1,12 +1,11 @@
-"""Checks of a job's config before it runs: cheap ones on every submit, the full preflight on `?dry_run=true`.
+"""The cheap checks of a job's config, run on every submit (`POST /jobs`, a reward try, a dry run) before anything
+loads a model.
 
-Cheap (no weights, no torch in the API process; milliseconds): the policy folder holds a config.json that parses
-into a model transformers knows (`model_type`, or `architectures`), the tokenizer folder (model.tokenizer, else the
-policy's) holds tokenizer files, the dataset files are there. A folder that fails is a 422 on its field
-(`config.model.policy`) instead of a tokenizer traceback in the job's log minutes later.
-
-Full (the dry run): the cheap checks, then the reward answering for a few samples (`webapp.rewards_try.run_try`:
-2 prompts x 2 samples in a bounded subprocess), then an estimate of the step time scaled from that try.
+No weights, no torch in the API process; milliseconds: the policy folder holds a config.json that parses into a model
+transformers knows (`model_type`, or `architectures`), the tokenizer folder (model.tokenizer, else the policy's)
+holds tokenizer files, the dataset files are there. A folder that fails is a 422 on its field
+(`config.model.policy`) instead of a tokenizer traceback in the job's log minutes later. The dry run, which adds the
+reward and a step-time estimate to these, is webapp/dry_run.py. See docs/service.md, "Preflight".
 """
 
 from __future__ import annotations
@@ -22,11 +21,6 @@ from typing import Any
 from aligner.config import TrainConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
-# The dry run's try: small, so it answers in seconds; the estimate scales from it.
-DRY_RUN_PROMPTS, DRY_RUN_SAMPLES = 2, 2
-# Training a step (reference pass, forward and backward) takes about twice its generation on the machines measured
-# (docs/NOTES: 0.2 s of 0.4 s on a tiny Llama, 2.8 s of 10.8 s on SmolLM2-135M): a rule of thumb, not a measure.
-TRAIN_TO_GENERATE = 2.0
 _CONFIG_PAIR = re.compile(r'\(\s*"([\w.-]+)",\s*"\w+Config"\s*\)')
 
 
@@ -136,14 +130,3 @@ def check_errors(checks: list[dict[str, Any]]) -> dict[str, list[str]]:
         if not check["ok"]:
             errors.setdefault(check["field"], []).append(check["message"])
     return errors
-
-
-def estimate_step_s(train: TrainConfig, tried: TrainConfig, timings: dict[str, float]) -> float:
-    """Seconds a step of `train` may take, from a try of `tried` (DRY_RUN_PROMPTS x DRY_RUN_SAMPLES): generation
-    scaled by samples and by new tokens, scoring by samples, training taken as TRAIN_TO_GENERATE x generation."""
-    samples = train.reinforce.num_prompts_per_step * train.reinforce.num_rollouts_per_prompt
-    tried_samples = DRY_RUN_PROMPTS * DRY_RUN_SAMPLES
-    tokens = max(1, int(timings.get("max_length") or tried.generation.max_new_tokens))
-    generate = timings["generate_s"] * samples / tried_samples * train.generation.max_new_tokens / tokens
-    score = timings["score_s"] * samples / tried_samples
-    return generate * (1 + TRAIN_TO_GENERATE) + score

@@ -3,24 +3,16 @@
 The app keeps its queue in `app.extensions["aligner_queue"]` (config key JOB_QUEUE; default `CeleryQueue()`).
 Messages carry only the job's id; the worker reads everything else from the database.
 
-The names both sides agree on live here, in the service's data layer, so that the worker (worker/celery_app.py)
-imports them from the API's side and the API never imports the worker: the broker (env ALIGNER_BROKER_URL,
-default redis://127.0.0.1:6379/0), the queue (env ALIGNER_QUEUE, default `aligner`) and the task name.
+What both sides agree on lives here, in the service's data layer, so that the worker (worker/celery_app.py)
+imports it from the API's side and the API never imports the worker: the task name, and how a message is sent to the
+broker and queue of the service's settings (`broker_url`, `queue`: webapp/settings.py).
 """
 
 from __future__ import annotations
 
-import os
+from webapp.settings import service_settings
 
-BROKER_URL = os.environ.get("ALIGNER_BROKER_URL", "redis://127.0.0.1:6379/0")
-QUEUE = os.environ.get("ALIGNER_QUEUE", "aligner")
 RUN_JOB_TASK = "aligner.run_job"
-# s a trainer gets after SIGTERM (a cancel, a stopping worker) to finish its step and checkpoint, before SIGKILL; a
-# worker's stop takes up to this long, so whatever stops a worker (compose, `aligner up`) waits longer.
-CANCEL_GRACE_S = float(os.environ.get("ALIGNER_CANCEL_GRACE") or 60.0)
-# s Redis waits before it hands an unacknowledged message out again, even while its job runs (the job's lease in the
-# database makes such a copy stand down); long, since training jobs are.
-VISIBILITY_TIMEOUT = int(os.environ.get("ALIGNER_VISIBILITY_TIMEOUT", 12 * 3600))
 
 
 def transport_options(broker_url: str) -> dict:
@@ -29,7 +21,9 @@ def transport_options(broker_url: str) -> dict:
     if broker_url.startswith(("amqp://", "amqps://", "pyamqp://")):
         return {"confirm_publish": True}
     return {
-        "visibility_timeout": VISIBILITY_TIMEOUT,
+        # Redis hands an unacknowledged message out again after this long, even while its job runs (the job's lease in
+        # the database makes such a copy stand down); long, since training jobs are.
+        "visibility_timeout": service_settings().visibility_timeout,
         # Scan for abandoned messages every minute (default: every 10 s x throttle 10).
         "unacked_restore_interval": 60,
         "unacked_restore_throttle": 1,
@@ -37,19 +31,20 @@ def transport_options(broker_url: str) -> dict:
 
 
 def send_run_job(celery_app, job_id: int, queue: str | None = None) -> None:
-    """Send the task `aligner.run_job(job_id)` through `celery_app` to `queue` (default QUEUE)."""
-    celery_app.send_task(RUN_JOB_TASK, args=[int(job_id)], queue=queue or QUEUE)
+    """Send the task `aligner.run_job(job_id)` through `celery_app` to `queue` (default: the settings' queue)."""
+    celery_app.send_task(RUN_JOB_TASK, args=[int(job_id)], queue=queue or service_settings().queue)
 
 
 class CeleryQueue:
     """Sends `aligner.run_job(job_id)` to the workers' broker and queue with JSON, as the workers expect.
 
-    Without `celery_app`, a sending-only Celery app for `broker_url` (default BROKER_URL) is made on the first
+    Without `celery_app`, a sending-only Celery app for `broker_url` (default: the settings') is made on the first
     enqueue: the API starts, and its tests run, without a broker.
     """
 
     def __init__(self, celery_app=None, queue: str | None = None, broker_url: str | None = None):
-        self._celery, self.queue, self.broker_url = celery_app, queue, broker_url or BROKER_URL
+        self._celery, self.queue = celery_app, queue
+        self.broker_url = broker_url or service_settings().broker_url
 
     def enqueue(self, job_id: int) -> None:
         if self._celery is None:

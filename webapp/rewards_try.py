@@ -175,7 +175,7 @@ def _last_json(text: str) -> Any:
 
 
 def public_result(result: dict[str, Any]) -> dict[str, Any]:
-    """The try's result as the API answers it (the timings are the dry run's)."""
+    """The try's result as the API answers it (the timings are for the dry run's estimate, webapp/dry_run.py)."""
     return {key: value for key, value in result.items() if key != "timings"}
 
 

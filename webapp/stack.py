@@ -42,6 +42,7 @@ from aligner.errors import AlignerError
 from aligner.metrics import TRAIN_REWARD
 from aligner.processes import free_port, signal_group
 from aligner.trainers.run_log import reward_change
+from webapp.settings import service_settings
 
 STACK_FILE = "stack.json"
 API_PREFIX = "/api/v1"  # stack.json's api_base is api_url + this: the base of every endpoint
@@ -112,15 +113,14 @@ class Stack:
     def stop(self) -> None:
         """Stop the children in STOP_FIRST's order, then the rest newest first: SIGTERM to the child's process group,
         SIGKILL to what is left after its grace."""
-        from webapp.queues import CANCEL_GRACE_S
-
+        cancel_grace = service_settings().cancel_grace
         names = [n for n in STOP_FIRST if n in self.children]
         names += [n for n in reversed(list(self.children)) if n not in STOP_FIRST]
         for name in names:
             proc = self.children[name]
             if proc.poll() is None:
                 signal_group(proc, signal.SIGTERM)
-            grace = STOP_GRACE_S + (CANCEL_GRACE_S if name == "worker" else 0)
+            grace = STOP_GRACE_S + (cancel_grace if name == "worker" else 0)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(grace)
             signal_group(proc, signal.SIGKILL)  # also any grandchild (a trainer) left in the group
@@ -140,7 +140,8 @@ class Stack:
         _status(f"database {_safe_url(db_url)}: migrating")
         migrate.upgrade(db_url, configure_logger=False)
 
-        broker = os.environ.get("ALIGNER_BROKER_URL")
+        settings = service_settings()
+        broker = settings.broker_url if settings.is_set("broker_url") else None
         if not broker:
             port = free_port()
             redis_dir = self.data_dir / "redis"

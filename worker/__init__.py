@@ -1,1 +1,2 @@
-"""Celery workers that run training jobs (the training-service issue)."""
+"""The training service's worker: Celery tasks that run training jobs as subprocesses and follow them into the
+database (worker/celery_app.py, worker/runner.py). How it works and its settings: docs/service.md, "The worker"."""

@@ -4,10 +4,10 @@
 
 A CPU worker runs one job at a time (the trainer uses the cores; start more workers on more machines); a worker
 given GPUs (`ALIGNER_WORKER_GPUS=0,1,2,3`) runs up to one job per device at once, each on the devices it leased
-(worker/devices.py). The broker is `ALIGNER_BROKER_URL` (default redis://127.0.0.1:6379/0), the queue
-`ALIGNER_QUEUE` (default `aligner`), the database `ALIGNER_DATABASE_URL` (webapp/db.py); broker, queue and task name
-are defined once in webapp/queues.py, whose `CeleryQueue` the API sends jobs with; the recovery sweep here re-sends
-with `enqueue_job(job_id)`. No result backend is used: the job's row in the database is the result.
+(worker/devices.py). The broker is `ALIGNER_BROKER_URL`, the queue `ALIGNER_QUEUE`, the database
+`ALIGNER_DATABASE_URL` (their defaults: webapp/settings.py, docs/service.md "Environment variables"); the task name
+and how it is sent are defined once in webapp/queues.py, whose `CeleryQueue` the API sends jobs with; the recovery
+sweep here re-sends with `enqueue_job(job_id)`. No result backend is used: the job's row in the database is the result.
 
 A stopping worker (SIGTERM, warm shutdown) hands its jobs back: worker/shutdown.py.
 
@@ -36,7 +36,8 @@ import threading
 
 from celery import Celery, signals
 
-from webapp.queues import BROKER_URL, QUEUE, send_run_job, transport_options
+from webapp.queues import send_run_job, transport_options
+from webapp.settings import service_settings
 from worker import shutdown
 from worker.processes import hide_from_children
 from worker.recovery import sweep
@@ -44,9 +45,10 @@ from worker.settings import Settings
 
 log = logging.getLogger(__name__)
 
-app = Celery("aligner", broker=BROKER_URL, include=["worker.tasks"])
+_service = service_settings()
+app = Celery("aligner", broker=_service.broker_url, include=["worker.tasks"])
 app.conf.update(
-    task_default_queue=QUEUE,
+    task_default_queue=_service.queue,
     task_serializer="json",
     accept_content=["json"],
     task_ignore_result=True,
@@ -58,7 +60,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     # A short broker outage must not kill a training run: the job's lease in the database decides who runs it.
     worker_cancel_long_running_tasks_on_connection_loss=False,
-    broker_transport_options=transport_options(BROKER_URL),
+    broker_transport_options=transport_options(_service.broker_url),
 )
 
 

@@ -100,6 +100,7 @@ from webapp.db import (
     Job,
     TransitionConflict,
     add_event,
+    run_dir_for,
     session_scope,
     transition,
     utcnow,
@@ -286,7 +287,7 @@ class JobRun:
 
     def _prepare(self, session: Session, job: Job) -> Launch:
         settings = self.settings
-        run_dir = Path(job.run_dir or settings.data_dir / "runs" / f"job_{job.id}").expanduser().resolve()
+        run_dir = Path(job.run_dir or run_dir_for(settings.data_dir, job.id)).expanduser().resolve()
         # The stored config names catalogue entries: checked again, for the job's owner, as things are now (a
         # JobRefused, a ValueError, names each refused field).
         config = launch_config(session, job, settings.data_dir, run_dir)

@@ -1,1 +1,2 @@
-"""Rewards: the interface trainers call, local sources (a function, a reward model), the reward-server client."""
+"""Rewards: the interface trainers call, local sources (a function, a reward model), and the clients of the reward
+and critic servers (KServe v2 over HTTP)."""

@@ -15,6 +15,7 @@ def build_reward_client(
     """`on_wait`: called with an `aligner.rewards.http.ServerWait` while a reward server is away (servers only);
     `tokenizer_path`: the policy's tokenizer, loaded only for a reward server that takes tokens."""
     if config.server_url:
+        from aligner.rewards.http import RetrySettings
         from aligner.rewards.remote import RemoteRewardClient
 
         def policy_tokenizer():
@@ -25,11 +26,9 @@ def build_reward_client(
         return RemoteRewardClient(
             config.server_url,
             config.model_name,
-            timeout_s=config.timeout_s,
-            max_retries=config.max_retries,
+            retry=RetrySettings.of(config),
             server_inputs=config.server_inputs,
             load_tokenizer=policy_tokenizer if tokenizer_path else None,
-            unavailable_timeout_s=config.unavailable_timeout_s,
             on_wait=on_wait,
         )
     if config.function:

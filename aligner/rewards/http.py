@@ -4,9 +4,9 @@
 
 `RemoteRewardClient` (aligner/rewards/remote.py) sends what the model declares: `prompts` and `responses` (BYTES,
 plus `metadata` as JSON) to `aligner serve-reward`, NeMo-Aligner's `sentences` or `tokens` to a NeMo-Aligner reward
-server. `RemoteCriticClient` (aligner/trainers/critic_client.py) talks to `aligner serve-critic` or NeMo-Aligner's
-critic server. Both send every request through one
-`ServerConnection`, which tells three kinds of failure apart:
+server. `RemoteCriticClient` (aligner/rewards/critic_client.py) talks to `aligner serve-critic` or NeMo-Aligner's
+critic server. Both build and read their tensors with aligner/rewards/kserve.py, and send every request through one
+`ServerConnection` with their `RetrySettings`, which tells three kinds of failure apart:
 
 - **the server is away** (connection refused or reset, no answer within the timeout, HTTP 502/503/504, Triton's 400/404
   for a model that is loading, or that was served before and is gone while the server restarts, or HTTP 500 while
@@ -60,6 +60,28 @@ MAX_BACKOFF_S = 20.0
 REPORT_INTERVAL_S = 60.0  # a wait still going on is reported at most this often
 
 
+@dataclass(frozen=True)
+class RetrySettings:
+    """How a client's `ServerConnection` waits and retries, as the module's docstring says; the reward and critic
+    clients' one definition (their config sections set three: `RetrySettings.of`)."""
+
+    timeout_s: float = 60.0  # seconds one request may take
+    max_retries: int = 3  # retries of a transient failure, then an error
+    backoff_s: float = 0.5  # the first retry's delay, doubling with each
+    max_backoff_s: float = MAX_BACKOFF_S  # the longest delay while a server is away
+    unavailable_timeout_s: float = 600.0  # seconds to wait for a server that is away, then `unavailable_error`
+
+    @classmethod
+    def of(cls, section: Any) -> RetrySettings:
+        """The settings of a config section with `timeout_s`, `max_retries` and `unavailable_timeout_s` (`reward`,
+        `critic`); the backoff keeps its defaults."""
+        return cls(
+            timeout_s=section.timeout_s,
+            max_retries=section.max_retries,
+            unavailable_timeout_s=section.unavailable_timeout_s,
+        )
+
+
 def normalize_url(url: str) -> str:
     """`host:port` or a URL -> `http://host:port` (no trailing slash)."""
     url = url.rstrip("/")
@@ -98,7 +120,8 @@ def _seconds(value: float) -> str:
 
 
 class ServerConnection:
-    """One server's URL, an HTTP session, and the retry policy above (`request`); shared by a client's threads.
+    """One server's URL, an HTTP session, and the retry policy above (`request`) with `retry`'s timeouts and
+    backoff (RetrySettings' defaults when None); shared by a client's threads.
 
     `server` and `command` name the server and what should run there, `error` is the client's error class and
     `unavailable_error` the one raised past `unavailable_timeout_s`, whose config key is `timeout_key`. `sleep` and
@@ -109,12 +132,8 @@ class ServerConnection:
     def __init__(
         self,
         url: str,
+        retry: RetrySettings | None = None,
         *,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
-        unavailable_timeout_s: float = 600.0,
-        max_backoff_s: float = MAX_BACKOFF_S,
         on_wait: Callable[[ServerWait], None] | None = None,
         server: str = "reward server",
         command: str = "aligner serve-reward",
@@ -125,8 +144,9 @@ class ServerConnection:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.url = normalize_url(url)
-        self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
-        self.unavailable_timeout_s, self.max_backoff_s = unavailable_timeout_s, max_backoff_s
+        retry = retry or RetrySettings()
+        self.timeout_s, self.max_retries, self.backoff_s = retry.timeout_s, retry.max_retries, retry.backoff_s
+        self.unavailable_timeout_s, self.max_backoff_s = retry.unavailable_timeout_s, retry.max_backoff_s
         self.on_wait, self.server, self.command, self.timeout_key = on_wait, server, command, timeout_key
         self.error, self.unavailable_error = error, unavailable_error
         self.session = requests.Session()
@@ -379,14 +399,6 @@ def _away_reason(err: requests.RequestException, timeout_s: float) -> str | None
     if any(isinstance(e, ConnectionResetError | ConnectionAbortedError | BrokenPipeError) for e in causes):
         return "connection reset"
     return None
-
-
-def outputs_by_name(answer: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """A KServe v2 answer's outputs by name; malformed entries are left out (the caller says what is missing)."""
-    outputs = answer.get("outputs")
-    if not isinstance(outputs, list):
-        return {}
-    return {o["name"]: o for o in outputs if isinstance(o, dict) and isinstance(o.get("name"), str)}
 
 
 def _error_text(response: requests.Response) -> str:

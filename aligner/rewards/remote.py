@@ -5,6 +5,8 @@ What it sends is what the model declares (`GET /v2/models/NAME` -> `inputs`, rea
 `prompts` + `responses` (+ `metadata`, JSON, when declared) to `aligner serve-reward`; else `sentences` (prompt +
 response text, as NeMo-Aligner's reward server tokenizes it); else `tokens` [B, S] (int64, zero-padded) +
 `sequence_lengths` [B, 1], the prompt and response tokenized with the policy's tokenizer. `server_inputs` forces one.
+The tensors are built and read by aligner/rewards/kserve.py; the critic's client beside this one is
+aligner/rewards/critic_client.py.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import Any
 import torch
 
 from aligner.errors import RewardError
-from aligner.rewards.http import ServerConnection, ServerWait, int_field, outputs_by_name
+from aligner.rewards.http import RetrySettings, ServerConnection, ServerWait, int_field
 from aligner.rewards.interface import check_rewards
+from aligner.rewards.kserve import bytes_column, declared_inputs, output_data, tensor
 
 # What each way of calling a reward model needs the model to declare; `auto` takes the first the model declares.
 REQUIRED_INPUTS = {
@@ -26,16 +29,6 @@ REQUIRED_INPUTS = {
     "sentences": ("sentences",),
     "tokens": ("tokens", "sequence_lengths"),
 }
-
-
-def declared_inputs(metadata: dict[str, Any]) -> set[str] | None:
-    """The input names a KServe v2 model metadata answer declares; None when it lists none (a server that does not
-    say: Aligner's own interface is assumed)."""
-    inputs = metadata.get("inputs")
-    if not isinstance(inputs, list):
-        return None
-    names = {i["name"] for i in inputs if isinstance(i, dict) and isinstance(i.get("name"), str)}
-    return names or None
 
 
 def choose_inputs(declared: Iterable[str] | None, server_inputs: str = "auto", who: str = "reward server") -> str:
@@ -68,29 +61,19 @@ class RemoteRewardClient:
         self,
         url: str,
         model_name: str = "reward_model",
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
+        *,
+        retry: RetrySettings | None = None,
         max_concurrency: int = 4,
         server_inputs: str = "auto",
         load_tokenizer: Callable[[], Any] | None = None,
-        unavailable_timeout_s: float = 600.0,
         on_wait: Callable[[ServerWait], None] | None = None,
         **connection: Any,
     ):
-        """`server_inputs`: auto (what the model declares) | aligner | sentences | tokens (`choose_inputs`);
-        `load_tokenizer`: returns the policy's tokenizer, called once if tokens are sent. `unavailable_timeout_s`: how
-        long a request waits for a server that is away; `on_wait` hears of it (`ServerWait`); `connection`: more of
-        `ServerConnection`'s arguments (max_backoff_s, sleep, clock)."""
-        self.connection = ServerConnection(
-            url,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            backoff_s=backoff_s,
-            unavailable_timeout_s=unavailable_timeout_s,
-            on_wait=on_wait,
-            **connection,
-        )
+        """`retry`: timeouts, retries and how long a request waits for a server that is away (`RetrySettings`, its
+        defaults when None); `server_inputs`: auto (what the model declares) | aligner | sentences | tokens
+        (`choose_inputs`); `load_tokenizer`: returns the policy's tokenizer, called once if tokens are sent; `on_wait`
+        hears of a wait (`ServerWait`); `connection`: more of `ServerConnection`'s arguments (sleep, clock)."""
+        self.connection = ServerConnection(url, retry, on_wait=on_wait, **connection)
         self.url, self.model_name = self.connection.url, model_name
         # Two pools: a submitted scoring job waits on its chunks, which must never queue behind other jobs.
         self.pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="reward-client")
@@ -119,16 +102,16 @@ class RemoteRewardClient:
     def _infer(self, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]) -> list[float]:
         n = len(prompts)
         if self.inputs == "sentences":
-            inputs = [bytes_input("sentences", [p + r for p, r in zip(prompts, responses)])]
+            inputs = [bytes_column("sentences", [p + r for p, r in zip(prompts, responses)])]
         elif self.inputs == "tokens":
             tokens, lengths = token_rows(self.tokenizer, prompts, responses)
-            inputs = [int64_input("tokens", tokens), int64_input("sequence_lengths", lengths)]
+            inputs = [tensor("tokens", "INT64", tokens), tensor("sequence_lengths", "INT64", lengths)]
         else:
-            inputs = [bytes_input("prompts", prompts), bytes_input("responses", responses)]
+            inputs = [bytes_column("prompts", prompts), bytes_column("responses", responses)]
             if self.sends_metadata:
-                inputs.append(bytes_input("metadata", [json.dumps(m or {}) for m in metadata]))
+                inputs.append(bytes_column("metadata", [json.dumps(m or {}) for m in metadata]))
         out = self._request("POST", f"/v2/models/{self.model_name}/infer", {"inputs": inputs})
-        data = outputs_by_name(out).get("rewards", {}).get("data")
+        data = output_data(out, "rewards")
         if not isinstance(data, list):
             raise RewardError(f"reward server {self.url} answered without a 'rewards' output")
         if len(data) != n:
@@ -162,15 +145,6 @@ class RemoteRewardClient:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.chunk_pool.shutdown(wait=False, cancel_futures=True)
         self.connection.close()
-
-
-def bytes_input(name: str, values: list[str]) -> dict:
-    return {"name": name, "shape": [len(values), 1], "datatype": "BYTES", "data": values}
-
-
-def int64_input(name: str, rows: list[list[int]]) -> dict:
-    data = [v for r in rows for v in r]
-    return {"name": name, "shape": [len(rows), len(rows[0])], "datatype": "INT64", "data": data}
 
 
 def token_rows(tokenizer, prompts: list[str], responses: list[str]) -> tuple[list[list[int]], list[list[int]]]:

@@ -7,7 +7,7 @@ head, so that before any training the value at a sequence's last token is its re
 like the rewards, ``(head(h_t) - reward_mean) / reward_std``, as NeMo-Aligner's critic does. With
 `combine_rm_and_critic_server` (the default) a frozen copy of the reward model serves the rewards as well.
 
-Triton models, as NeMo-Aligner's critic server (HTTP/gRPC KServe v2; the client is aligner/trainers/critic_client.py):
+Triton models, as NeMo-Aligner's critic server (HTTP/gRPC KServe v2; the client is aligner/rewards/critic_client.py):
 - `critic_infer`: `tokens` INT64 [B, S] (zero-padded) and `sequence_lengths` INT64 [B, 1] -> `values` FP32 [B, S]
   (0 past each length) and, when combined, `rewards` FP32 [B, 1] (standardised). `values[b, t]` is the value of the
   prefix `tokens[b, :t + 1]`: against per-token log-probs [B, S - 1] (token t + 1 given the prefix) use

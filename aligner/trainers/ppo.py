@@ -71,8 +71,9 @@ from aligner.metrics import (
 from aligner.modeling.batches import ResponseBatch
 from aligner.modeling.device import resolve_device
 from aligner.modeling.logprobs import grouped_response_logits, token_logprobs
+from aligner.rewards.critic_client import RemoteCriticClient
+from aligner.rewards.http import RetrySettings
 from aligner.run_layout import CRITIC_DIR, CRITIC_LOG, checkpoint_steps, critic_checkpoint
-from aligner.trainers.critic_client import RemoteCriticClient
 from aligner.trainers.loop import optimizer_step
 from aligner.trainers.reinforce import ReinforceTrainer
 from aligner.trainers.rollout import rollout_metrics, sample_prompt_indices, sample_rows
@@ -154,9 +155,7 @@ class PPOTrainer(ReinforceTrainer):
             url = distributed.all_gather_objects(url)[0]  # rank 0's server serves every rank
             self.critic = RemoteCriticClient(
                 url,
-                timeout_s=cfg.critic.timeout_s,
-                max_retries=cfg.critic.max_retries,
-                unavailable_timeout_s=cfg.critic.unavailable_timeout_s,
+                retry=RetrySettings.of(cfg.critic),
                 on_wait=self._server_wait,
             )
             if cfg.critic.use_critic_rewards and not self.critic.serves_rewards:

@@ -8,7 +8,7 @@ A step: draw `num_prompts_per_step` prompts, sample `num_rollouts_per_prompt` re
 compute the KL to the frozen initial policy, the RLOO baseline and the advantages, then one AdamW step over the
 batch in micro-batches (`reinforce.num_mini_batches` steps over consecutive mini-batches of it). Lifecycle:
 `setup` -> `fit` (-> `rollout`, `optimise`, `validate`, `save_checkpoint`);
-`load_checkpoint` restores everything a step depends on, so 2 steps + resume + 2 steps equals 4 steps.
+`setup(resume=True)` restores everything a step depends on, so 2 steps + resume + 2 steps equals 4 steps.
 `checkpoints/best.json` names the checkpoint with the best validation reward (`checkpoint.best_checkpoint`), which
 pruning keeps. PPO (aligner/trainers/ppo.py) is a subclass that replaces `rollout` and `optimise`. Validation also
 scores its samples with each gold reward of `validation.extra_rewards` (val/extra_rewards/<name>).
@@ -1065,11 +1065,6 @@ class ReinforceTrainer:
             for step, reason in self.skipped_checkpoints:
                 print(f"WARNING: {damaged_message(step, reason, resume_step)}", file=sys.stderr)
             drop_best_after(self.run_dir, resume_step, self.best)
-
-    def load_checkpoint(self, path: Path) -> None:
-        """Restore everything a step depends on from the checkpoint folder `path`."""
-        self._apply_checkpoint(path, self._read_checkpoint(path))
-        self.generator.update_weights(self.policy)  # an engine with its own weights copy (vllm) takes the checkpoint's
 
     def _read_checkpoint(self, path: Path) -> dict[str, Any]:
         """Every file of checkpoint `path` this rank needs, read before anything is restored: a file that cannot be

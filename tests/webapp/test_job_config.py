@@ -17,6 +17,7 @@ from webapp.job_config import (
     launch_config,
     validate_job_config,
 )
+from webapp.settings import service_settings
 
 GOLD = {
     "rule": {"function": "exact_match", "function_args": {"ignore_case": True}},
@@ -46,11 +47,13 @@ def test_config_errors_maps_each_line_to_its_field_in_the_apis_names():
 
 def test_job_limits_take_the_environment_then_the_apps_overrides(monkeypatch):
     monkeypatch.setenv("ALIGNER_JOB_LIMITS", '{"model.num_threads": 8, "trainer.max_steps": 10}')
+    service_settings.cache_clear()
     limits = job_limits({"trainer.max_steps": 20})
     assert limits["model.num_threads"] == 8 and limits["trainer.max_steps"] == 20
     assert limits["generation.batch_size"] == 1024  # the defaults stay
     for bad in ("[1]", '{"x": "many"}', "not json"):
         monkeypatch.setenv("ALIGNER_JOB_LIMITS", bad)
+        service_settings.cache_clear()
         with pytest.raises(ConfigError, match="ALIGNER_JOB_LIMITS"):
             job_limits()
 

@@ -15,6 +15,7 @@ from webapp.db import Checkpoint, Job, User, create_token, transition
 from webapp.extensions import db
 from webapp.limits import EXTENSION
 from webapp.queues import InMemoryQueue
+from webapp.settings import service_settings
 
 JOBS, DATASETS = "/api/v1/jobs", "/api/v1/datasets"
 ELSEWHERE = {"REMOTE_ADDR": "10.0.0.2"}
@@ -77,9 +78,11 @@ def test_limits_come_from_the_environment(tmp_path, monkeypatch):
 
     assert _app(tmp_path / "b", SIGNIN_FAILURE_LIMIT="5 per minute", RATELIMIT_ENABLED=False)  # config wins
     monkeypatch.setenv("ALIGNER_MAX_ACTIVE_JOBS", "four")
+    service_settings.cache_clear()
     with pytest.raises(ValueError, match="ALIGNER_MAX_ACTIVE_JOBS='four'"):
         _app(tmp_path / "c")
     monkeypatch.delenv("ALIGNER_MAX_ACTIVE_JOBS")
+    service_settings.cache_clear()
     with pytest.raises(ValueError, match="SIGNIN_FAILURE_LIMIT .*ten a minute"):
         _app(tmp_path / "d", SIGNIN_FAILURE_LIMIT="ten a minute")
 

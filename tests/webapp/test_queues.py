@@ -20,15 +20,16 @@ def test_in_memory_queue_records_ids():
 
 def test_celery_queue_sends_the_run_job_task_to_redis():
     redis = pytest.importorskip("redis")
-    from webapp.queues import BROKER_URL
+    from webapp.settings import service_settings
 
-    client = redis.Redis.from_url(BROKER_URL, socket_connect_timeout=2)
+    broker_url = service_settings().broker_url
+    client = redis.Redis.from_url(broker_url, socket_connect_timeout=2)
     try:
         client.ping()
     except redis.exceptions.ConnectionError as err:
         if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"Redis at {BROKER_URL} is unreachable: {err}")
-        pytest.skip(f"Redis at {BROKER_URL} is unreachable: {err}")
+            pytest.fail(f"Redis at {broker_url} is unreachable: {err}")
+        pytest.skip(f"Redis at {broker_url} is unreachable: {err}")
     queue_name = f"aligner-test-{uuid.uuid4().hex[:8]}"
     try:
         CeleryQueue(queue=queue_name).enqueue(42)

@@ -1,4 +1,4 @@
-"""POST /api/v1/rewards/try, the cheap checks on every submit, and POST /api/v1/jobs?dry_run=true."""
+"""POST /api/v1/rewards/try and the cheap checks on every submit (the dry run: tests/webapp/test_dry_run.py)."""
 
 from __future__ import annotations
 
@@ -132,66 +132,6 @@ def test_a_policy_folder_that_is_not_a_model_is_422_at_once(
     message = response.json["errors"]["config.model.policy"][0]  # then the tokenizer's, when the folder has none
     assert f"catalogue model 'not-a-model' at {folder.resolve()}" in message
     assert reason in " ".join(response.json["errors"]["config.model.policy"])
-    assert client.get(JOBS, headers=bearer(token)).json["total"] == 0
-
-
-# ------------------------------------------------------------------------------------------------- dry run
-def test_a_dry_run_checks_everything_creates_nothing_and_estimates_the_step(client, token, config, monkeypatch):
-    timings = {"load_s": 1.0, "generate_s": 0.4, "score_s": 0.04, "max_length": 8}
-    result = {"samples": [{"group": 0, "prompt": "p", "response": "r", "reward": 0.5, "length": 8}] * 4,
-              "groups": [], "reward_length_corr": 0.0, "frac_zero_std_groups": 0.0, "seconds": 1.5,
-              "warnings": ["reward correlates with length (0.93)"], "timings": timings}  # fmt: skip
-    tried = []
-
-    def fake_try(train, num_prompts, num_samples, timeout_s):
-        tried.append((num_prompts, num_samples, train.generation.max_new_tokens))
-        return rewards_try.TryOutcome(result, rewards_try._bounded(train))
-
-    monkeypatch.setattr(rewards_try, "run_try", fake_try)
-    config["generation"] = {"max_new_tokens": 16}
-    config["reinforce"] = {"num_prompts_per_step": 4, "num_rollouts_per_prompt": 4}
-    response = client.post(JOBS, query_string={"dry_run": "true"}, json={"name": "x", "config": config},
-                           headers=bearer(token))  # fmt: skip
-    assert response.status_code == 200, response.json
-    body = response.json
-    assert set(body) == {"ok", "checks", "estimated_step_s", "config"} and body["ok"] is True
-    assert [c["name"] for c in body["checks"]] == ["policy", "tokenizer", "datasets", "reward", "step_time"]
-    assert all(set(c) == {"name", "ok", "message", "seconds"} and c["ok"] for c in body["checks"])
-    assert tried == [(2, 2, 16)]
-    # 16 samples / 4 tried, 16 tokens / 8 generated: generation 0.4 x 4 x 2 = 3.2 s, training twice that, scoring 0.16.
-    assert body["estimated_step_s"] == pytest.approx(3.2 * 3 + 0.16)
-    assert "estimate" in body["checks"][-1]["message"] and "correlates with length" in body["checks"][3]["message"]
-    assert body["config"]["model"]["policy"] == "tiny-sft" and "run_dir" not in body["config"]
-    assert client.get(JOBS, headers=bearer(token)).json["total"] == 0
-
-
-def test_a_dry_run_reports_failed_checks_and_keeps_422_for_bad_fields(client, token, config, db_session, data_dir):
-    def fail_try(*args):
-        raise rewards_try.TryFailed(422, "The reward does not work", {"reward": ["the reward function raised X"]})
-
-    dry = {"dry_run": "true"}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(rewards_try, "run_try", fail_try)
-        response = client.post(JOBS, query_string=dry, json={"name": "x", "config": config}, headers=bearer(token))
-    body = response.json
-    assert response.status_code == 200 and body["ok"] is False and body["estimated_step_s"] is None
-    checks = {c["name"]: c for c in body["checks"]}
-    assert checks["reward"]["message"] == "the reward function raised X" and not checks["step_time"]["ok"]
-
-    (data_dir / "models" / "empty").mkdir()
-    with db_session() as session:
-        register_model(session, data_dir / "models" / "empty", "policy", "empty")
-    config["model"] = {"policy": "empty"}
-    response = client.post(JOBS, query_string=dry, json={"name": "x", "config": config}, headers=bearer(token))
-    checks = {c["name"]: c for c in response.json["checks"]}
-    assert (
-        response.status_code == 200 and not checks["policy"]["ok"] and "no config.json" in checks["policy"]["message"]
-    )
-    assert checks["reward"]["message"] == "not tried: the policy or tokenizer check failed"
-
-    config["optim"] = {"lr": "fast"}
-    response = client.post(JOBS, query_string=dry, json={"name": "x", "config": config}, headers=bearer(token))
-    assert response.status_code == 422 and "config.optim.lr" in response.json["errors"]
     assert client.get(JOBS, headers=bearer(token)).json["total"] == 0
 
 

@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 from tests.helpers.api import PROMPTS, bearer, both_backends, create_job
+from webapp.settings import service_settings
 
 JOBS = "/api/v1/jobs"
 
@@ -186,8 +187,10 @@ def test_the_operator_sets_the_caps(app, client, token, config, monkeypatch):
     assert post_job(client, token, config).status_code == 422
     app.config["JOB_LIMITS"] = None
     monkeypatch.setenv("ALIGNER_JOB_LIMITS", '{"model.num_threads": 3}')
+    service_settings.cache_clear()  # the API reads its environment once
     assert "at most 3" in post_job(client, token, config).json["errors"]["config.model.num_threads"][0]
     monkeypatch.setenv("ALIGNER_JOB_LIMITS", '{"model.num_threads": 8}')
+    service_settings.cache_clear()
     assert post_job(client, token, config).status_code == 201
 
 

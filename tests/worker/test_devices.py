@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from webapp.settings import service_settings
 from worker.devices import DeviceError, acquire_devices, devices_in_use, parse_devices
 from worker.settings import Settings
 
@@ -27,6 +28,7 @@ def test_parse_devices():
 def test_settings_read_the_workers_devices(monkeypatch, tmp_path):
     monkeypatch.setenv("ALIGNER_WORKER_GPUS", "2,3")
     monkeypatch.setenv("ALIGNER_DEVICE_LOCK_DIR", str(tmp_path))
+    service_settings.cache_clear()
     settings = Settings.from_env()
     assert settings.gpus == ("2", "3") and settings.device_lock_dir == tmp_path
 

@@ -24,6 +24,7 @@ from aligner.trainers.run_log import read_jsonl
 from tests.helpers.checkpoints import FILES, tear, write_checkpoint
 from tests.helpers.service import create_job, job_row, worker_settings
 from webapp.db import Checkpoint, Event, Job, Metric, Sample, session_scope, utcnow
+from worker import runner
 from worker.lease import take_lease
 from worker.recovery import requeue_stale_jobs
 from worker.runner import JobRun, failure_message, run_job, trainer_command
@@ -83,6 +84,19 @@ def test_a_bad_config_fails_naming_the_field(factory, tmp_path, job_config):
     assert run_job(job_id, worker_settings(tmp_path), factory)["outcome"] == "failed"
     job = job_row(factory, job_id)
     assert job.status == "failed" and "optim.lr" in job.error and not (tmp_path / "run" / "train.log").exists()
+
+
+def test_a_job_without_a_run_dir_gets_the_data_folders_runs_job_id(factory, tmp_path, monkeypatch):
+    given = []
+
+    def refuse(session, job, data_dir, run_dir):
+        given.append(run_dir)
+        raise ValueError("refused here")
+
+    monkeypatch.setattr(runner, "launch_config", refuse)
+    job_id = create_job(factory, {})
+    assert run_job(job_id, worker_settings(tmp_path), factory)["outcome"] == "failed"
+    assert given == [(tmp_path / "data" / "runs" / f"job_{job_id}").resolve()]
 
 
 @pytest.mark.slow

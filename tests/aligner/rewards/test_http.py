@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from aligner.errors import CriticError, RewardError
-from aligner.rewards.http import BAD_REQUEST
+from aligner.rewards.critic_client import RemoteCriticClient
+from aligner.rewards.http import BAD_REQUEST, RetrySettings
 from aligner.rewards.remote import RemoteRewardClient
-from aligner.trainers.critic_client import RemoteCriticClient
 
 SECRET = "SECRET-BODY"
 # mode -> (status, body) of every answer; "garbage" answers no HTTP at all. A config that clients accept, for the
@@ -74,7 +74,7 @@ def raised(error, call, *args, **kwargs) -> str:
 def test_errors_hold_nothing_the_server_sent(server, mode):
     server.mode = mode
     for client, error in ((RemoteRewardClient, RewardError), (RemoteCriticClient, CriticError)):
-        message = raised(error, client, server.url, timeout_s=5, max_retries=1, backoff_s=0.01)
+        message = raised(error, client, server.url, retry=RetrySettings(timeout_s=5, max_retries=1, backoff_s=0.01))
         assert SECRET.lower() not in message.lower() and server.url in message, message  # hosts come lowercased
     if mode == "500-text":
         assert "HTTP 500 Internal Server Error" in message
@@ -82,8 +82,9 @@ def test_errors_hold_nothing_the_server_sent(server, mode):
 
 def test_answers_that_are_not_numbers_are_not_quoted(server):
     server.mode = "inference"
-    rewards = RemoteRewardClient(server.url, timeout_s=5, max_retries=1)
-    critic = RemoteCriticClient(server.url, timeout_s=5, max_retries=1)
+    retry = RetrySettings(timeout_s=5, max_retries=1)
+    rewards = RemoteRewardClient(server.url, retry=retry)
+    critic = RemoteCriticClient(server.url, retry=retry)
     message = raised(RewardError, rewards.score, ["p"], ["r"])
     assert message.endswith("non-finite or non-numeric reward for sample 0: a str"), message
     message = raised(CriticError, lambda: critic.infer(np.ones((1, 1)), [1]).result(timeout=10))

@@ -9,7 +9,8 @@ import pytest
 
 from aligner.config import RewardConfig
 from aligner.errors import RewardError
-from aligner.rewards.remote import choose_inputs, declared_inputs
+from aligner.rewards.kserve import declared_inputs
+from aligner.rewards.remote import choose_inputs
 
 
 def metadata(*names: str) -> dict:
@@ -85,7 +86,7 @@ def test_rewards_from_nemo_reward_server_sentences_then_tokens_each_row_its_own(
 
 
 def test_the_critic_client_infers_trains_and_saves_on_nemos_critic_server(nemo_server):
-    from aligner.trainers.critic_client import RemoteCriticClient
+    from aligner.rewards.critic_client import RemoteCriticClient
 
     with RemoteCriticClient(nemo_server.url) as critic:
         assert not critic.train_sends_lengths and critic.serves_rewards

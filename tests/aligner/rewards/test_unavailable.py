@@ -14,9 +14,9 @@ from aligner.errors import (
     RewardServerUnavailableError,
     ServerUnavailableError,
 )
-from aligner.rewards.http import REPORT_INTERVAL_S, ServerWait
+from aligner.rewards.critic_client import RemoteCriticClient
+from aligner.rewards.http import REPORT_INTERVAL_S, RetrySettings, ServerWait
 from aligner.rewards.remote import RemoteRewardClient
-from aligner.trainers.critic_client import RemoteCriticClient
 from tests.helpers.flaky_server import FakeTime, FlakyServer
 
 
@@ -27,10 +27,12 @@ def server():
     server.stop()
 
 
-def reward_client(server, time, waits=None, **kwargs):
-    kwargs = {"backoff_s": 0.5, "max_backoff_s": 20.0, "unavailable_timeout_s": 600.0, "timeout_s": 5, **kwargs}
+def reward_client(server, time, waits=None, **retry):
+    retry = RetrySettings(
+        **{"backoff_s": 0.5, "max_backoff_s": 20.0, "unavailable_timeout_s": 600.0, "timeout_s": 5, **retry}
+    )
     on_wait = waits.append if waits is not None else None
-    return RemoteRewardClient(server.url, on_wait=on_wait, sleep=time.sleep, clock=time.clock, **kwargs)
+    return RemoteRewardClient(server.url, retry=retry, on_wait=on_wait, sleep=time.sleep, clock=time.clock)
 
 
 def states(waits: list[ServerWait]) -> list[str]:
@@ -147,7 +149,11 @@ def test_transient_server_errors_keep_their_bounded_retries(server):
 def test_the_critic_client_waits_too_and_names_its_own_key(server):
     time, waits = FakeTime(), []
     critic = RemoteCriticClient(
-        server.url, on_wait=waits.append, sleep=time.sleep, clock=time.clock, unavailable_timeout_s=30
+        server.url,
+        retry=RetrySettings(unavailable_timeout_s=30),
+        on_wait=waits.append,
+        sleep=time.sleep,
+        clock=time.clock,
     )
     tokens, lengths = np.ones((2, 3)), [3, 2]
     server.fail("loading", times=2)
@@ -178,7 +184,7 @@ def test_closing_the_client_ends_a_wait():
     import time as real_time
 
     server = FlakyServer()
-    client = RemoteRewardClient(server.url, backoff_s=30)  # the real sleep, which closing cuts short
+    client = RemoteRewardClient(server.url, retry=RetrySettings(backoff_s=30))  # the real sleep, cut short by close
     server.stop()
     future = client.submit(["p"], ["a"], [{}])
     real_time.sleep(0.1)

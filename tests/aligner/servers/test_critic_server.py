@@ -22,6 +22,8 @@ pytest.importorskip("pytriton")
 from aligner.cli import main  # noqa: E402
 from aligner.errors import AlignerError, CriticError
 from aligner.processes import free_port  # noqa: E402
+from aligner.rewards.critic_client import RemoteCriticClient  # noqa: E402
+from aligner.rewards.http import RetrySettings  # noqa: E402
 from aligner.servers.critic_server import (
     CHECKPOINT_FILE,
     BadRequest,
@@ -33,7 +35,6 @@ from aligner.servers.critic_server import (
 )
 from aligner.servers.reward_server import RewardScorer, RewardServerConfig  # noqa: E402
 from aligner.servers.triton import DECLARED_MAX_BATCH_SIZE
-from aligner.trainers.critic_client import RemoteCriticClient  # noqa: E402
 from tests.helpers.triton_servers import ServerProcess  # noqa: E402
 
 MODELS = ("critic_infer", "critic_train", "critic_save")
@@ -275,7 +276,7 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server):
     response = requests.post(url, json={"inputs": [tokens, too_long]}, timeout=10)
     assert response.status_code == 500 and "bad request: sequence_lengths must lie in [1, 3]" in response.text
 
-    client = RemoteCriticClient(server.url, backoff_s=5.0)
+    client = RemoteCriticClient(server.url, retry=RetrySettings(backoff_s=5.0))
     started = time.monotonic()
     refused = (
         rf"critic server {server.url} refused the request \(POST /v2/models/critic_save/infer: HTTP 500 Internal "
@@ -359,7 +360,9 @@ def _group(pgid: int) -> list[str]:
 def test_unreachable_server_is_a_clear_error_naming_the_url():
     port = free_port(3)
     with pytest.raises(CriticError, match=rf"http://127.0.0.1:{port} cannot be reached.*aligner serve-critic"):
-        RemoteCriticClient(f"127.0.0.1:{port}", timeout_s=1, backoff_s=0.01, unavailable_timeout_s=0.05)
+        RemoteCriticClient(
+            f"127.0.0.1:{port}", retry=RetrySettings(timeout_s=1, backoff_s=0.01, unavailable_timeout_s=0.05)
+        )
 
 
 def test_cli_without_a_model_is_a_user_error(capsys, tmp_path):

@@ -22,6 +22,7 @@ pytest.importorskip("pytriton")
 
 from aligner.errors import RewardError  # noqa: E402
 from aligner.processes import free_port  # noqa: E402
+from aligner.rewards.http import RetrySettings  # noqa: E402
 from aligner.rewards.local import ModelRewardClient
 from aligner.rewards.remote import RemoteRewardClient  # noqa: E402
 from aligner.servers.reward_server import PromptSplitter
@@ -169,7 +170,7 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(function_ser
     # Still serving, and the project's client reports a refused request without retrying it.
     assert RemoteRewardClient(function_server.url).score(["p"], ["ok"]).tolist() == [2.0]
     with pytest.raises(RewardError, match="refused"):
-        RemoteRewardClient(function_server.url, model_name="no_such_model", backoff_s=0.01)
+        RemoteRewardClient(function_server.url, model_name="no_such_model", retry=RetrySettings(backoff_s=0.01))
 
 
 def test_model_server_scores_text_and_tokens_like_the_in_process_model(model_server, reward_model_dir):
@@ -204,7 +205,9 @@ def test_model_server_scores_text_and_tokens_like_the_in_process_model(model_ser
 def test_unreachable_server_is_a_clear_error_naming_the_url():
     port = free_port(3)
     with pytest.raises(RewardError, match=rf"http://127.0.0.1:{port} cannot be reached"):
-        RemoteRewardClient(f"127.0.0.1:{port}", timeout_s=1, backoff_s=0.01, unavailable_timeout_s=0.05)
+        RemoteRewardClient(
+            f"127.0.0.1:{port}", retry=RetrySettings(timeout_s=1, backoff_s=0.01, unavailable_timeout_s=0.05)
+        )
 
 
 def test_sigterm_stops_everything_and_removes_the_workspace():

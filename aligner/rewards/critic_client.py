@@ -13,13 +13,14 @@ rather than `path` is NeMo's (it saves where its own config says, and answers `s
 
 Inference is split into requests of the server's `max_batch_size` rows sent concurrently; a training step is never
 split (it is one optimiser step) and is refused if larger than the `max_batch_size` of a batched critic_train (an
-unbatched one, as Aligner's and NeMo's servers declare it, refuses an oversized step itself). Every request
-goes through a `ServerConnection` (aligner/rewards/http.py): a timeout, bounded retries of transient failures, and
-waiting with backoff for a server that is away, up to `unavailable_timeout_s` (`critic.unavailable_timeout_s`;
-then a `CriticServerUnavailableError`). A request the server refuses (HTTP 4xx, or an error it marks
-"bad request: ") is not retried, nor is a training step that may have reached the server (a retry could apply it
-twice). Errors are `CriticError`s naming the URL. Shapes are checked here first, so a wrong call fails at once with
-a ValueError. Tested by
+unbatched one, as Aligner's and NeMo's servers declare it, refuses an oversized step itself). Tensors are built and
+read as the reward client's are (aligner/rewards/kserve.py), and every request goes through a `ServerConnection`
+(aligner/rewards/http.py) with the same `RetrySettings`: a timeout, bounded retries of transient failures, and
+waiting with backoff for a server that is away, up to `unavailable_timeout_s` (`critic.unavailable_timeout_s`; then a
+`CriticServerUnavailableError`). A request the server refuses (HTTP 4xx, or an error it marks "bad request: ") is
+not retried, nor is a training step that may have reached the server (a retry could apply it twice). Errors are
+`CriticError`s naming the URL. Shapes are checked here first, so a wrong call fails at once with a ValueError.
+Tested by
 
     .venv/bin/python -m pytest tests/aligner/servers/test_critic_server.py tests/aligner/rewards/test_http.py -q
 """
@@ -36,8 +37,8 @@ import numpy as np
 import torch
 
 from aligner.errors import CriticError, CriticServerUnavailableError
-from aligner.rewards.http import ServerConnection, ServerWait, int_field, outputs_by_name
-from aligner.rewards.remote import declared_inputs
+from aligner.rewards.http import RetrySettings, ServerConnection, ServerWait, int_field
+from aligner.rewards.kserve import declared_inputs, output_data, outputs_by_name, tensor
 
 
 def _array(value, dtype) -> np.ndarray:
@@ -57,31 +58,23 @@ def _check_tokens(tokens, lengths) -> tuple[np.ndarray, np.ndarray]:
     return tokens, lengths
 
 
-def _tensor(name: str, datatype: str, values: np.ndarray) -> dict:
-    return {"name": name, "shape": list(values.shape), "datatype": datatype, "data": values.reshape(-1).tolist()}
-
-
 class RemoteCriticClient:
     def __init__(
         self,
         url: str,
-        timeout_s: float = 60.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
+        *,
+        retry: RetrySettings | None = None,
         train_timeout_s: float = 600.0,
         max_concurrency: int = 4,
-        unavailable_timeout_s: float = 600.0,
         on_wait: Callable[[ServerWait], None] | None = None,
         **connection: Any,
     ):
-        """`unavailable_timeout_s`: how long a request waits for a server that is away; `on_wait` hears of it
-        (`ServerWait`); `connection`: more of `ServerConnection`'s arguments (max_backoff_s, sleep, clock)."""
+        """`retry`: timeouts, retries and how long a request waits for a server that is away (`RetrySettings`, its
+        defaults when None), `train_timeout_s` the timeout of a training step or a save instead; `on_wait` hears of a
+        wait (`ServerWait`); `connection`: more of `ServerConnection`'s arguments (sleep, clock)."""
         self.connection = ServerConnection(
             url,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            backoff_s=backoff_s,
-            unavailable_timeout_s=unavailable_timeout_s,
+            retry,
             on_wait=on_wait,
             server="critic server",
             command="aligner serve-critic",
@@ -132,7 +125,7 @@ class RemoteCriticClient:
 
     # --------------------------------------------------------------------------------------------- inference
     def _infer_chunk(self, tokens: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        inputs = [_tensor("tokens", "INT64", tokens), _tensor("sequence_lengths", "INT64", lengths[:, None])]
+        inputs = [tensor("tokens", "INT64", tokens), tensor("sequence_lengths", "INT64", lengths[:, None])]
         answer = self._request("POST", "/v2/models/critic_infer/infer", {"inputs": inputs})
         names = {"values": tokens.shape}
         if self.serves_rewards:
@@ -191,9 +184,9 @@ class RemoteCriticClient:
                 raise ValueError(f"{name} {list(values.shape)} and mask {list(mask.shape)} differ in shape")
         if not np.isfinite(mask).all() or (mask < 0).any():
             raise ValueError("mask must hold finite weights >= 0")
-        inputs = [_tensor("tokens", "INT64", tokens)]
+        inputs = [tensor("tokens", "INT64", tokens)]
         if self.train_sends_lengths:
-            inputs.append(_tensor("sequence_lengths", "INT64", lengths[:, None]))
+            inputs.append(tensor("sequence_lengths", "INT64", lengths[:, None]))
         elif mask.shape[1] == s:
             if mask[:, -1].any():
                 raise ValueError("NeMo-Aligner's critic_train takes [B, S - 1]: the mask's last position must be 0")
@@ -202,8 +195,8 @@ class RemoteCriticClient:
             values = np.where(mask != 0, values, 0).astype(np.float32)
             if not np.isfinite(values).all():
                 raise ValueError(f"{name} must be finite where the mask is set")
-            inputs.append(_tensor(name, "FP32", values))
-        inputs.append(_tensor("mask", "FP32", mask))
+            inputs.append(tensor(name, "FP32", values))
+        inputs.append(tensor("mask", "FP32", mask))
         answer = self._request(
             "POST", "/v2/models/critic_train/infer", {"inputs": inputs}, self.train_timeout_s, idempotent=False
         )
@@ -229,16 +222,16 @@ class RemoteCriticClient:
         name, batch = self._save_interface()
         shape = [1, 1] if batch else [1]  # a model without batching (NeMo's) takes the bare [1]
         if name == "dummy_var":
-            payload = {"inputs": [{"name": name, "shape": shape, "datatype": "INT64", "data": [0]}]}
+            payload = {"inputs": [tensor(name, "INT64", np.zeros(shape))]}
             answer = self._request("POST", "/v2/models/critic_save/infer", payload, self.train_timeout_s)
-            status = outputs_by_name(answer).get("status", {}).get("data")
+            status = output_data(answer, "status")
             if status != [0]:
                 raise CriticError(f"critic server {self.url} answered critic_save without status 0 (saved)")
             return None
         target = os.path.abspath(path) + (os.sep if str(path).endswith(("/", os.sep)) else "")
-        payload = {"inputs": [{"name": "path", "shape": shape, "datatype": "BYTES", "data": [target]}]}
+        payload = {"inputs": [tensor("path", "BYTES", np.full(shape, target, dtype=object))]}
         answer = self._request("POST", "/v2/models/critic_save/infer", payload, self.train_timeout_s)
-        written = outputs_by_name(answer).get("path", {}).get("data")
+        written = output_data(answer, "path")
         if not isinstance(written, list) or len(written) != 1 or not isinstance(written[0], str):
             raise CriticError(f"critic server {self.url} answered critic_save without the path written")
         return Path(written[0])
