@@ -1,52 +1,14 @@
 """Run one training job: take its lease, launch the trainer, follow it into SQL, and record how it ended.
 
-`run_job(job_id)` is what the Celery task `aligner.run_job` does (worker/tasks.py); it runs as well without Celery:
-
-1. Lease (worker/lease.py). The job's lease is taken with one atomic UPDATE; when no row is updated, another
-   worker holds a live lease (or the job is finished or cancelled): this copy stands down and writes nothing.
-   A queued job becomes running (`webapp.db.transition`); a running job with a stale lease is taken over.
-2. Prepare. The stored config is checked again (webapp.job_config.launch_config: the catalogue entries it names
-   exist and its owner may use them, every path resolves inside a catalogue folder or the owner's datasets, the
-   limits hold; a refused job fails with the reasons) and written as aligner's config to RUN_DIR/job.yaml (run_dir
-   the job's, progress bar off). When RUN_DIR holds an intact checkpoint (`aligner.run_layout.resume_checkpoint`:
-   a damaged newer one is set aside, with a warning event) the trainer resumes from the newest (`--resume`): SQL
-   rows and JSONL lines of later steps are dropped first, exactly as the trainer drops them, so nothing is ever
-   counted twice. A GPU job first takes its devices (worker/devices.py), a run that finds too few free leaves the
-   job untouched for another offer.
-3. Launch `python -m aligner.cli train --config RUN_DIR/job.yaml [--resume]` in its own process group (session),
-   output appended to RUN_DIR/train.log. On Linux it gets SIGKILL if the worker process dies (PR_SET_PDEATHSIG). Its
-   environment is `aligner.processes.minimal_env()`: what a trainer needs, never the worker's database or broker URL.
-4. Follow, every `poll_interval` (0.5 s): renew the heartbeat (only while this worker still owns the lease),
-   ingest metrics, samples and checkpoints (worker/ingest.py) and judge the run's health (worker/health_monitor.py),
-   and honour a cancel: SIGTERM to the trainer's group (it stops at the next step boundary with a checkpoint),
-   SIGKILL after `cancel_grace` seconds. A health alarm in the job's `health.pause_on` that starts firing stops the
-   trainer the same way.
-5. End. The trainer says how its run ended in one record, RUN_DIR/end.json (`aligner.run_layout.RunEnd`; the
-   worker removes an earlier launch's before it launches): completed -> succeeded; else a cancel -> cancelled; a
-   pausing alarm -> paused (a cancel meanwhile wins); the worker stopping (SIGTERM, worker/shutdown.py) -> the job
-   goes back to the queue without counting an attempt, its message sent again; max_time -> paused, to be resumed;
-   stopped (a SIGTERM nobody here sent) -> failed, resumable; server_unavailable or failed -> failed with the
-   trainer's message and the tail of train.log. Without a record (killed outright, or failed before its loop):
-   killed by a signal from outside (the OOM killer) -> re-queued (an attempt counted); another exit status -> failed
-   with the trainer's error message and the tail of train.log. Every status change is conditional
-   (`webapp.db.transition`); one that races a cancel is decided again. Whatever happens in the worker, the trainer's
-   whole process group is killed on the way out.
-
-A job that lost its worker is re-queued by the recovery sweep (worker/recovery.py), and its next run resumes from
-the last checkpoint.
-
-A job with `num_processes > 1` runs data-parallel under `torchrun --standalone` on this host (`trainer_command`,
-aligner/distributed.py): the ranks split each step's prompts, rank 0 alone writes the run directory, so following
-and resuming it is the same as for one process. A cancel's SIGTERM reaches torchrun, which passes it to the ranks
-(they agree on the step to stop at); torchrun itself SIGKILLs ranks still alive after its shutdown timeout
-(TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s by default), and ranks die with torchrun (PR_SET_PDEATHSIG).
-
-A PPO job (`algorithm: ppo`) without `critic.server_url` gets a critic server (worker/critic.py) between steps 2 and
-3. The lease is renewed while it starts; its URL is written into job.yaml's `critic.server_url`. It is stopped when
-the trainer has ended, before the job's final status is written, and on every other way out of the run (worker
-error, SystemExit, lost lease). A server left by a SIGKILLed worker is killed by the next run of the job on this
-host (worker/processes.py), or by a recovery sweep on this host. A server that does not start fails the job with
-an error naming its log.
+`run_job(job_id)` is what the Celery task `aligner.run_job` does (worker/tasks.py); it runs as well without Celery.
+The contract, step by step, is docs/service.md "The worker"; what survives crashes and restarts, docs/reliability.md:
+- Only the copy that takes the job's lease (worker/lease.py) writes anything; another stands down.
+- The stored config is checked again (`webapp.job_config.launch_config`) before it becomes RUN_DIR/job.yaml; the
+  trainer resumes from the newest intact checkpoint, SQL rows and JSONL lines of later steps dropped first.
+- The trainer runs in its own process group with `aligner.processes.minimal_env()`, dies with the worker, and its
+  whole group is killed on the way out, whatever happens.
+- The job's final status follows the trainer's end record (`aligner.run_layout.RunEnd`); without one, the exit.
+- A PPO job without `critic.server_url` gets a critic server (worker/critic.py) for the length of its run.
 """
 
 from __future__ import annotations

@@ -1,47 +1,16 @@
-"""The REINFORCE / RLOO trainer: NeMo-Aligner's critic-free RLHF loop in plain PyTorch.
+"""The REINFORCE / RLOO trainer: NeMo-Aligner's critic-free RLHF loop in plain PyTorch (docs/training.md).
 
     aligner train --config demo_assets/reinforce.yaml            # a run
     aligner train --config demo_assets/reinforce.yaml --resume   # continue exactly from the newest intact checkpoint
-    torchrun --standalone --nproc_per_node 2 -m aligner.cli train --config ...   # data-parallel (distributed.py)
+    torchrun --standalone --nproc_per_node 2 -m aligner.cli train --config ...   # data-parallel (docs/scaling.md)
 
-A step: draw `num_prompts_per_step` prompts, sample `num_rollouts_per_prompt` responses for each, score them,
-compute the KL to the frozen initial policy, the RLOO baseline and the advantages, then one AdamW step over the
-batch in micro-batches (`reinforce.num_mini_batches` steps over consecutive mini-batches of it). Lifecycle:
-`setup` -> `fit` (-> `rollout`, `optimise`, `validate`, `save_checkpoint`);
-`setup(resume=True)` restores everything a step depends on, so 2 steps + resume + 2 steps equals 4 steps.
-`checkpoints/best.json` names the checkpoint with the best validation reward (`checkpoint.best_checkpoint`), which
-pruning keeps. PPO (aligner/trainers/ppo.py) is a subclass that replaces `rollout` and `optimise`. Validation also
-scores its samples with each gold reward of `validation.extra_rewards` (val/extra_rewards/<name>).
-
-Checkpoints are written durably (`checkpoint.commit_checkpoint`: fsync'd, with a manifest of sizes and checksums,
-then renamed). `--resume` takes the newest checkpoint that is intact (`run_layout.resume_checkpoint`) and loads
-it; a damaged one (against its manifest, or a file that cannot be loaded) is set aside as `step_N.damaged`, with a
-warning on stderr and in events.jsonl, and the one before is taken: a torn checkpoint costs the steps since the
-previous one, not the run.
-
-SIGTERM or a first Ctrl-C stops the run at the next step boundary with a checkpoint saved (`signals.py`), and so
-does `trainer.max_time` once this launch has run that long (validating first, as NeMo-Aligner does). The run's
-length is `trainer.max_steps`, or fewer steps when `trainer.max_epochs` passes over the prompts end first.
-`trainer.val_check_interval: 0` switches validation off; `trainer.save_on_validation` checkpoints at validation steps
-instead of every `save_interval` (NeMo-Aligner's tie).
-
-A reward (or PPO's critic) server that goes away is waited for, up to `reward.unavailable_timeout_s`
-(`critic.unavailable_timeout_s`): the clients retry with backoff and the trainer writes "waiting for reward server"
-and "... is back" events (`_server_wait`). Past the limit the step under way is dropped, the last completed step is
-checkpointed if it is not yet (`_give_up`), and the `ServerUnavailableError` ends the run (`aligner train: error:`).
-A stop request (SIGTERM) ends the waiting: the step is dropped and the run stops as it would at a step boundary.
-
-However the loop ends, `fit` writes one end record, `run_dir/end.json` (`run_layout.RunEnd`: completed, max_time,
-stopped, server_unavailable or failed, with the step reached), which the service's worker reads to decide the job's
-state; `setup` removes an earlier launch's (docs/training.md, "How a run ends").
-
-Under torchrun each rank generates for its share of the step's global prompts; the loss normaliser and the
-gradients are summed over ranks, so every rank takes the update one process would take on the whole batch.
-Metrics are reduced over ranks, and rank 0 alone writes files.
-
-With `model.backend: megatron` (under torchrun, TP x PP x DP processes) the step runs on a Megatron-Core shard of
-the policy (`megatron_reinforce_step`); shares and seeds go by data-parallel rank, generation and the reference stay
-on HF models refit from the gathered Megatron weights after each step, and each rank checkpoints its optimiser state.
+Lifecycle: `setup` -> `fit` (-> `rollout`, `optimise`, `validate`, `save_checkpoint`). The contract:
+- `setup(resume=True)` restores everything a step depends on: 2 steps + resume + 2 steps equals 4 steps.
+- SIGTERM, a first Ctrl-C or `trainer.max_time` stops at the next step boundary with a checkpoint saved; a reward
+  or critic server that stays away past its `unavailable_timeout_s` ends the run with `ServerUnavailableError`.
+- However the loop ends, `fit` writes one end record (`run_layout.RunEnd`, docs/training.md "How a run ends").
+- Under torchrun every rank takes the update one process would take on the whole batch; rank 0 alone writes files.
+PPO (aligner/trainers/ppo.py) is a subclass that replaces `rollout` and `optimise`.
 """
 
 from __future__ import annotations

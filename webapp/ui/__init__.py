@@ -2,44 +2,13 @@
 
     aligner ui --api-url http://127.0.0.1:5000 [--port 7860] [--host 127.0.0.1] [--data-dir aligner_data]
 
-`aligner up` starts it too and prints its URL. Sign in with an API token (`aligner token create --user NAME`); the
-token lives in the browser session's state (a reload asks for it again) and goes with every request as
-`Authorization: Bearer TOKEN`. A token the API rejects (401) is dropped at once ("token rejected: sign in again")
-rather than sent again on every refresh: failed sign-ins from one address are throttled (429). Tabs:
-
-- Jobs: your jobs (the selected one marked, status, health alarms, step / max_steps, latest reward, age), refreshed
-  every few seconds; cancel (after a confirmation), resume or retry the selected job (click a row, or type its id),
-  each enabled only when the API lists it among the job's `actions`.
-- New job: drop-downs filled from the catalogue at sign-in (and by Refresh lists): the policy (and a tokenizer), the
-  train and validation datasets (yours and the shared ones; a JSONL file uploaded from the form is picked at once),
-  the reward (a reward function with its JSON arguments and the help of a built-in's parameters, a reward model or a
-  reward server) and, for PPO, the critic (a model or a server); the main knobs of a config, a short advanced YAML
-  of the sections that apply (sent as shown, merged under them), presets (aligner.config's defaults, and the demo's
-  runs naming the entries `aligner up --demo` registers when DATA_DIR/demo_assets holds its configs). "Try the
-  reward" scores a few prompts' samples with the form's config (POST /rewards/try: groups, spread, length
-  correlation, warnings); "Check (dry run)" lists the API's preflight checks and the estimated step time. The job
-  names catalogue entries, never paths; an API error shows under the one field it names, until that field changes.
-- Job page: the run's summary (best validation, change in reward, speed, time left, alarms), plotly charts of
-  GET /jobs/{id}/metrics (those with data; integer steps, one x range, smoothing, log scale for KL and losses), the
-  event log in words and the checkpoints (a row selected: its zip). It follows the job's event stream and redraws
-  only when new events came.
-- Samples: the generations filtered by step, split and reward range (blank: no bound), readable (chat markup
-  stripped, numbers rounded) with a prompt's rollouts together and their group's mean reward, or one row per group;
-  one validation prompt followed across steps, two steps' answers shown with a word diff.
-- Compare: jobs picked from your list; one metric of each on one chart, whatever their algorithms, their config
-  differences, a warning when their rewards are on different scales, and their answers to one validation prompt at
-  one step side by side.
-- Catalogue (admins only, GET /me): the models, reward functions and servers jobs may use, and the datasets the
-  admin sees; register or remove an entry, share or unshare a dataset. The API's refusals are shown as it gives
-  them (message and each field's reason).
-
-Everything shown is fetched from the API, so a reload loses nothing but the token. Modules: `api` (the REST client),
-`frames` (API JSON -> pandas DataFrames and text), `form` (the New job form: defaults, presets, form -> job body,
-422 errors -> fields), `catalogue` (drop-down choices and labels, the Catalogue tab's tables and actions), `job_view`
-(the Job page's summary and event log, the actions that apply, Compare's differences), `charts` (plotly figures),
-all tested without a browser; `tabs` (the session, the sign-in header and the Catalogue tab), `jobs_tab`,
-`job_page`, `compare`, `new_job` and `samples` (the Gradio layout of those tabs and the handlers they wire; the
-Samples tab's tables and diff are tested without a browser).
+What each tab shows and does is docs/service.md "Dashboard". The contract: everything shown is fetched from the API
+with the signed-in token (kept in the browser session's state only, dropped at the first 401), so a reload loses
+nothing but the token; buttons follow what the API says applies (a job's `actions`); an API error shows under the
+field it names. Modules: `api` (the REST client), `frames` (API JSON -> DataFrames and text), `form` (the New job
+form), `catalogue`, `job_view` (the Job page's summary and event log, Compare's differences) and `charts`, all
+tested without a browser; `tabs`, `jobs_tab`, `job_page`, `compare`, `new_job` and `samples` lay out the Gradio tabs
+and wire their handlers.
 """
 
 from __future__ import annotations
