@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from aligner.errors import CriticError, CriticServerUnavailableError
-from aligner.rewards.http import RetrySettings, ServerConnection, ServerWait, int_field
+from aligner.rewards.http import PooledClient, RetrySettings, ServerConnection, ServerWait, int_field
 from aligner.rewards.kserve import declared_inputs, output_data, outputs_by_name, tensor
 
 
@@ -58,7 +58,7 @@ def _check_tokens(tokens, lengths) -> tuple[np.ndarray, np.ndarray]:
     return tokens, lengths
 
 
-class RemoteCriticClient:
+class RemoteCriticClient(PooledClient):
     def __init__(
         self,
         url: str,
@@ -235,15 +235,6 @@ class RemoteCriticClient:
         if not isinstance(written, list) or len(written) != 1 or not isinstance(written[0], str):
             raise CriticError(f"critic server {self.url} answered critic_save without the path written")
         return Path(written[0])
-
-    def stop_waiting(self) -> None:
-        """Requests waiting for the server (away) give up now: the run was asked to stop."""
-        self.connection.stop_waiting()
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        self.chunk_pool.shutdown(wait=False, cancel_futures=True)
-        self.connection.close()
 
     def __enter__(self) -> RemoteCriticClient:
         return self

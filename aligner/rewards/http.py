@@ -38,6 +38,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -408,3 +409,21 @@ def _error_text(response: requests.Response) -> str:
     except ValueError:
         return response.text
     return str(body.get("error", "")) if isinstance(body, dict) else ""
+
+
+class PooledClient:
+    """What the reward and critic clients share: a `connection` (ServerConnection), and a `pool` of requests and a
+    `chunk_pool` of the chunks they split into, both ended by `close`."""
+
+    connection: ServerConnection
+    pool: ThreadPoolExecutor
+    chunk_pool: ThreadPoolExecutor
+
+    def stop_waiting(self) -> None:
+        """Requests waiting for the server (away) give up now: the run was asked to stop."""
+        self.connection.stop_waiting()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.chunk_pool.shutdown(wait=False, cancel_futures=True)
+        self.connection.close()

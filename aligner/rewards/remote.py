@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from aligner.errors import RewardError
-from aligner.rewards.http import RetrySettings, ServerConnection, ServerWait, int_field
+from aligner.rewards.http import PooledClient, RetrySettings, ServerConnection, ServerWait, int_field
 from aligner.rewards.interface import check_rewards
 from aligner.rewards.kserve import bytes_column, declared_inputs, output_data, tensor
 
@@ -56,7 +56,7 @@ def choose_inputs(declared: Iterable[str] | None, server_inputs: str = "auto", w
     )
 
 
-class RemoteRewardClient:
+class RemoteRewardClient(PooledClient):
     def __init__(
         self,
         url: str,
@@ -136,15 +136,6 @@ class RemoteRewardClient:
 
     def submit(self, prompts, responses, metadata) -> Future:
         return self.pool.submit(self.score, list(prompts), list(responses), list(metadata))
-
-    def stop_waiting(self) -> None:
-        """Requests waiting for the server (away) give up now: the run was asked to stop."""
-        self.connection.stop_waiting()
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        self.chunk_pool.shutdown(wait=False, cancel_futures=True)
-        self.connection.close()
 
 
 def token_rows(tokenizer, prompts: list[str], responses: list[str]) -> tuple[list[list[int]], list[list[int]]]:
