@@ -74,6 +74,19 @@ def up_stack(data_dir: Path) -> Iterator[dict]:
         assert up.returncode == 0, output
 
 
+def admin_token(data_dir: Path, user: str) -> str:
+    """A new API token of admin `user` (created if new) in the database of `up_stack(data_dir)` (its SQLite file), as
+    `aligner token create --user USER --admin` would make it."""
+    from webapp.db import create_token, make_engine, make_session_factory, session_scope
+
+    engine = make_engine(f"sqlite:///{data_dir.resolve() / 'aligner.db'}")
+    try:
+        with session_scope(make_session_factory(engine)) as session:
+            return create_token(session, user, "browser test", admin=True)
+    finally:
+        engine.dispose()
+
+
 def fill(page, elem_id: str, value) -> None:
     page.locator(f"#{elem_id} input, #{elem_id} textarea").first.fill(str(value))
 
@@ -94,7 +107,7 @@ def choose(page, elem_id: str, label: str) -> None:
 
 
 def upload_prompts(stack: dict, path: Path) -> int:
-    """A dataset of the operator's (the stack's token), uploaded through the API as any user would."""
+    """A dataset of the user whose token `stack` holds, uploaded through the API as any user would."""
     with path.open("rb") as f:
         response = requests.post(f"{stack['api_url']}/api/v1/datasets", files={"file": (path.name, f)},
                                  headers={"Authorization": f"Bearer {stack['token']}"}, timeout=30)  # fmt: skip
@@ -115,6 +128,7 @@ def wait_text(page, elem_id: str, pattern: str, timeout_s: float = 120) -> str:
 @contextmanager
 def chromium() -> Iterator:
     """A headless Chromium (Playwright's sync API): yields the browser, closed at the end."""
+    require_chromium()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
