@@ -115,14 +115,40 @@ def upload_prompts(stack: dict, path: Path) -> int:
     return response.json()["id"]
 
 
+# What `text` reads, computed in the page: `wait_text` polls it there (every POLL_MS) instead of over Playwright's
+# connection, so a change is seen within POLL_MS without a round trip a poll.
+_SHOWN_JS = """([id, pattern]) => {
+    const element = document.getElementById(id);
+    if (!element) return false;
+    const boxes = element.querySelectorAll("textarea, input[type=text]");
+    const shown = [element.innerText, ...Array.from(boxes, (box) => box.value)].join("\\n");
+    return shown.includes(pattern) ? shown : false;
+}"""
+POLL_MS = 100
+
+
 def wait_text(page, elem_id: str, pattern: str, timeout_s: float = 120) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        shown = text(page, elem_id)
-        if pattern in shown:
-            return shown
-        time.sleep(0.5)
-    raise AssertionError(f"#{elem_id} never showed {pattern!r}; it shows: {text(page, elem_id)[:1000]}")
+    """What `text(page, elem_id)` shows once it contains `pattern`; AssertionError after `timeout_s`."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        shown = page.wait_for_function(_SHOWN_JS, arg=[elem_id, pattern], polling=POLL_MS, timeout=timeout_s * 1000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"#{elem_id} never showed {pattern!r}; it shows: {text(page, elem_id)[:1000]}") from None
+    return shown.json_value()
+
+
+def wait_charts_drawn(page, timeout_s: float = 30) -> None:
+    """Until every chart on screen (the visible `plot-*` elements) has been drawn by plotly, and the page painted."""
+    page.wait_for_function(
+        """() => {
+            const charts = [...document.querySelectorAll("[id^=plot-]")].filter((chart) => chart.offsetParent);
+            return charts.length > 0 && charts.every((chart) => chart.querySelector(".js-plotly-plot .main-svg"));
+        }""",
+        polling=POLL_MS,
+        timeout=timeout_s * 1000,
+    )
+    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
 
 
 @contextmanager

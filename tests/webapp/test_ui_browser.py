@@ -31,7 +31,8 @@ import time
 
 import pytest
 
-from tests.helpers.browser import ARTIFACTS, ROOT, choose, fill, text, upload_prompts, wait_text
+from aligner.generation.generator import AUTO_COMPILE_MIN_STEPS
+from tests.helpers.browser import ARTIFACTS, ROOT, choose, fill, text, upload_prompts, wait_charts_drawn, wait_text
 from webapp.ui import catalogue, form
 from webapp.ui.api import Api
 
@@ -118,7 +119,7 @@ def test_dashboard_signs_in_submits_follows_and_cancels(browser_stack, browser_p
     wait_text(page, "event-log", "step 4: checkpoint saved", 30)
     page.locator("#plot-0 .scatterlayer .points path").first.wait_for(timeout=30_000)  # a chart with markers
     assert "step_000004" in text(page, "checkpoints")
-    time.sleep(1.5)  # let the charts finish drawing
+    wait_charts_drawn(page)
     page.screenshot(path=ARTIFACTS / "ui-job-page.png", full_page=True)
     if os.environ.get("ALIGNER_UPDATE_SCREENSHOTS") == "1":
         shutil.copy(ARTIFACTS / "ui-job-page.png", ROOT / "docs" / "dashboard-job.png")
@@ -128,7 +129,7 @@ def test_dashboard_signs_in_submits_follows_and_cancels(browser_stack, browser_p
     deadline = time.monotonic() + 30  # the info line may still be that of the job when it was submitted
     while not ("the cat" in text(page, "samples-table") or "the sea" in text(page, "samples-table")):
         assert time.monotonic() < deadline, text(page, "samples-table")
-        time.sleep(0.5)
+        time.sleep(0.1)
     page.locator("#s-split").get_by_role("radio", name="validation").check()
     wait_text(page, "samples-table", "validation", 30)
     # One validation prompt followed across steps: a row per validation (steps 0, 2 and 4).
@@ -137,14 +138,16 @@ def test_dashboard_signs_in_submits_follows_and_cancels(browser_stack, browser_p
         cells = [c.strip() for c in text(page, "follow-table").splitlines() if c.strip()]
         if {"0", "2", "4"} <= set(cells):
             break
-        time.sleep(0.5)
+        time.sleep(0.1)
     assert {"0", "2", "4"} <= set(cells), cells
     page.screenshot(path=ARTIFACTS / "ui-samples.png", full_page=True)
 
     # A longer job, cancelled from the Jobs tab while it runs.
     page.get_by_role("tab", name="New job").click()
     fill(page, "f-name", "ui long")
-    fill(page, "f-max_steps", 5000)
+    # Long enough to be cancelled while it runs, short of the runs that generation.compile=auto compiles for: a
+    # compilation (10-30 s of CPU when cold) would run to the end of its step before the cancel could stop it.
+    fill(page, "f-max_steps", AUTO_COMPILE_MIN_STEPS - 1)
     page.click("#submit")
     second = first + 1  # no other scenario submits meanwhile: ids follow each other
     wait_text(page, "submit-msg", f"Submitted job {second}", 30)
@@ -214,7 +217,7 @@ def test_the_form_uploads_tries_the_reward_and_the_samples_diff_a_followed_promp
     deadline = time.monotonic() + 120
     while (job := api.get(f"/jobs/{job_id}"))["status"] != "succeeded":
         assert job["status"] not in ("failed", "cancelled") and time.monotonic() < deadline, job
-        time.sleep(1)
+        time.sleep(0.2)
 
     page.get_by_role("tab", name="Samples").click()
     wait_text(page, "samples-info", "samples match", 30)
@@ -251,7 +254,8 @@ def test_job_page_charts_compare_answers_side_by_side_and_a_length_hacking_alarm
                             "reward_function": "charts-chars", "num_prompts_per_step": 4,
                             "num_rollouts_per_prompt": 4, "max_steps": 40, "max_new_tokens": 24,
                             "val_check_interval": 10, "save_interval": 40})  # fmt: skip
-    gamed["config"]["health"] = {"pause_on": ["length_hacking"]}
+    # The rule judges over 4 steps, not its default 10: the same alarm, raised sooner.
+    gamed["config"]["health"] = {"pause_on": ["length_hacking"], "window": 4, "min_points": 4}
     third = api.post("/jobs", gamed)["id"]
 
     page = browser_page
@@ -276,7 +280,7 @@ def test_job_page_charts_compare_answers_side_by_side_and_a_length_hacking_alarm
     deadline = time.monotonic() + 120
     while api.get(f"/jobs/{second}")["status"] != "succeeded":
         assert time.monotonic() < deadline, "the second job did not finish"
-        time.sleep(1)
+        time.sleep(0.2)
     page.get_by_role("tab", name="Compare").click()
     wait_text(page, "c-msg", "of your 3 jobs", 30)
     choose(page, "c-jobs", f"{first}: ui a")
@@ -290,11 +294,11 @@ def test_job_page_charts_compare_answers_side_by_side_and_a_length_hacking_alarm
     assert page.locator("#c-step input").first.input_value() == "2"  # the last validation step both jobs have
     page.screenshot(path=ARTIFACTS / "ui-compare-answers.png", full_page=True)
 
-    # The length-paying job: the alarm fires once the rule has its 10 values, and pauses the job.
+    # The length-paying job: the alarm fires once the rule has its 4 values, and pauses the job.
     deadline = time.monotonic() + 120
     while (job := api.get(f"/jobs/{third}"))["status"] not in ("paused", "succeeded", "failed", "cancelled"):
         assert time.monotonic() < deadline, job
-        time.sleep(1)
+        time.sleep(0.2)
     assert job["status"] == "paused" and job["alarms"] == ["length_hacking"] and job["step"] < 40, job
     page.get_by_role("tab", name="Jobs").click()
     wait_text(page, "jobs-table", "length hacking", 30)
@@ -304,7 +308,7 @@ def test_job_page_charts_compare_answers_side_by_side_and_a_length_hacking_alarm
     wait_text(page, "job-summary", "paused", 30)
     wait_text(page, "job-summary", "length hacking", 30)
     wait_text(page, "event-log", "length hacking", 30)
-    time.sleep(1.5)  # let the charts finish drawing
+    time.sleep(1.5)  # let the charts finish drawing, and any error toast of the job switch show
     # switching jobs sends the earlier job's picks against the new job's choices: no error toast for it
     assert page.get_by_text("not in the list of choices").count() == 0
     page.screenshot(path=ARTIFACTS / "ui-health-alarm.png", full_page=True)
