@@ -74,6 +74,19 @@ def up_stack(data_dir: Path) -> Iterator[dict]:
         assert up.returncode == 0, output
 
 
+def admin_token(data_dir: Path, user: str) -> str:
+    """A new API token of admin `user` (created if new) in the database of `up_stack(data_dir)` (its SQLite file), as
+    `aligner token create --user USER --admin` would make it."""
+    from webapp.db import create_token, make_engine, make_session_factory, session_scope
+
+    engine = make_engine(f"sqlite:///{data_dir.resolve() / 'aligner.db'}")
+    try:
+        with session_scope(make_session_factory(engine)) as session:
+            return create_token(session, user, "browser test", admin=True)
+    finally:
+        engine.dispose()
+
+
 def fill(page, elem_id: str, value) -> None:
     page.locator(f"#{elem_id} input, #{elem_id} textarea").first.fill(str(value))
 
@@ -94,7 +107,7 @@ def choose(page, elem_id: str, label: str) -> None:
 
 
 def upload_prompts(stack: dict, path: Path) -> int:
-    """A dataset of the operator's (the stack's token), uploaded through the API as any user would."""
+    """A dataset of the user whose token `stack` holds, uploaded through the API as any user would."""
     with path.open("rb") as f:
         response = requests.post(f"{stack['api_url']}/api/v1/datasets", files={"file": (path.name, f)},
                                  headers={"Authorization": f"Bearer {stack['token']}"}, timeout=30)  # fmt: skip
@@ -102,19 +115,46 @@ def upload_prompts(stack: dict, path: Path) -> int:
     return response.json()["id"]
 
 
+# What `text` reads, computed in the page: `wait_text` polls it there (every POLL_MS) instead of over Playwright's
+# connection, so a change is seen within POLL_MS without a round trip a poll.
+_SHOWN_JS = """([id, pattern]) => {
+    const element = document.getElementById(id);
+    if (!element) return false;
+    const boxes = element.querySelectorAll("textarea, input[type=text]");
+    const shown = [element.innerText, ...Array.from(boxes, (box) => box.value)].join("\\n");
+    return shown.includes(pattern) ? shown : false;
+}"""
+POLL_MS = 100
+
+
 def wait_text(page, elem_id: str, pattern: str, timeout_s: float = 120) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        shown = text(page, elem_id)
-        if pattern in shown:
-            return shown
-        time.sleep(0.5)
-    raise AssertionError(f"#{elem_id} never showed {pattern!r}; it shows: {text(page, elem_id)[:1000]}")
+    """What `text(page, elem_id)` shows once it contains `pattern`; AssertionError after `timeout_s`."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        shown = page.wait_for_function(_SHOWN_JS, arg=[elem_id, pattern], polling=POLL_MS, timeout=timeout_s * 1000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"#{elem_id} never showed {pattern!r}; it shows: {text(page, elem_id)[:1000]}") from None
+    return shown.json_value()
+
+
+def wait_charts_drawn(page, timeout_s: float = 30) -> None:
+    """Until every chart on screen (the visible `plot-*` elements) has been drawn by plotly, and the page painted."""
+    page.wait_for_function(
+        """() => {
+            const charts = [...document.querySelectorAll("[id^=plot-]")].filter((chart) => chart.offsetParent);
+            return charts.length > 0 && charts.every((chart) => chart.querySelector(".js-plotly-plot .main-svg"));
+        }""",
+        polling=POLL_MS,
+        timeout=timeout_s * 1000,
+    )
+    page.evaluate("() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
 
 
 @contextmanager
 def chromium() -> Iterator:
     """A headless Chromium (Playwright's sync API): yields the browser, closed at the end."""
+    require_chromium()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

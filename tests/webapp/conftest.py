@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -125,10 +125,51 @@ def queue(app) -> InMemoryQueue:
     return app.extensions["aligner_queue"]
 
 
-@pytest.fixture
-def browser_stack(tmp_path):
-    """`aligner up` on embedded defaults for a dashboard browser test (tests/helpers/browser.py): its stack.json."""
+@pytest.fixture(scope="module")
+def shared_browser_stack(tmp_path_factory):
+    """`aligner up` on embedded defaults, one for a module of dashboard browser tests (tests/helpers/browser.py):
+    (its data folder, its stack.json)."""
     from tests.helpers.browser import up_stack
 
-    with up_stack(tmp_path / "data") as info:
-        yield info
+    data_dir = tmp_path_factory.mktemp("browser_stack") / "data"
+    with up_stack(data_dir) as info:
+        yield data_dir, info
+
+
+@pytest.fixture
+def browser_stack(shared_browser_stack, request):
+    """The module's `aligner up` as a test's own admin: its stack.json with `token` that of a new admin user named
+    after the test (`user`), so the test's jobs and datasets are its own. Jobs it leaves unfinished (a test that
+    failed midway) are cancelled after it: the next test's jobs would wait behind them on the stack's one worker."""
+    from tests.helpers.browser import admin_token
+    from webapp.db import FINAL_STATUSES
+    from webapp.ui.api import Api, ApiError
+
+    data_dir, info = shared_browser_stack
+    user = "-".join(request.node.name.removeprefix("test_").split("_")[:3])
+    token = admin_token(data_dir, user)
+    yield {**info, "user": user, "token": token}
+    api = Api(info["api_url"], token)
+    for job in api.get_all("/jobs"):
+        if job["status"] not in FINAL_STATUSES:
+            with suppress(ApiError):  # one that ended meanwhile, or is being cancelled already
+                api.post(f"/jobs/{job['id']}/cancel")
+
+
+@pytest.fixture(scope="module")
+def shared_chromium():
+    """One headless Chromium for a module of browser tests (tests/helpers/browser.py)."""
+    from tests.helpers.browser import chromium
+
+    with chromium() as browser:
+        yield browser
+
+
+@pytest.fixture
+def browser_page(shared_chromium):
+    """A page of its own (a fresh browser context: no cookies or storage of another test's), 1400 x 1000."""
+    context = shared_chromium.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
