@@ -232,7 +232,7 @@ def import_gguf(source: str | Path, out_dir: Path, dtype: str = "bfloat16") -> P
 
     started = time.perf_counter()
     size_mb = gguf_path.stat().st_size / 1e6
-    _status(f"loading GGUF {gguf_path} ({size_mb:.0f} MB; dequantising takes ~20 s for a 135M model) ...")
+    _status(f"loading GGUF {gguf_path} ({size_mb:.0f} MB; about 10 s for a 135M model) ...")
     gguf_model, tokenizer = _load_gguf(gguf_path)
     n_params = sum(p.numel() for p in gguf_model.parameters())
     _status(
