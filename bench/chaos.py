@@ -155,6 +155,9 @@ class Broker:
 
     def start(self) -> None:
         self.child.start()
+        self.wait_listening()
+
+    def wait_listening(self) -> None:
         wait_until(lambda: port_open(self.port), START_TIMEOUT_S, f"{self.kind} to listen", self.child)
 
     def stop(self) -> None:
@@ -194,7 +197,9 @@ class Stack:
         )  # fmt: skip
         return env
 
-    def start(self) -> None:
+    def launch(self) -> None:
+        """Migrate the database and start the broker, the reward server and the API, which need nothing of each
+        other; `wait_started` waits for them and adds the workers."""
         from webapp import migrate
         from webapp.db import create_token, make_engine, make_session_factory, session_scope
 
@@ -204,31 +209,48 @@ class Stack:
             self.token = create_token(session, "chaos", "bench/chaos.py", admin=True)
         engine.dispose()
         say(f"database {self.database_url.split('?')[0]} (schema of its own); starting {self.args.broker}")
-        self.broker.start()
-        self.start_reward_server()
+        self.broker.child.start()
+        self.launch_reward_server()
         command = [sys.executable, "-m", "flask", "--app", "webapp", "run", "--with-threads", "--no-reload",
                    "--no-debugger", "--host", "127.0.0.1", "--port", str(self.api_port)]  # fmt: skip
         self.api_child = Child("api", command, self.env(), self.logs).start()
+
+    def wait_started(self) -> None:
+        self.broker.wait_listening()
+        self.wait_reward_server()
         wait_until(lambda: http_ok(f"{self.api}/health"), START_TIMEOUT_S, "the API", self.api_child)
-        for _ in range(self.args.workers):
-            self.start_worker()
+        workers = [self.launch_worker() for _ in range(self.args.workers)]  # they boot side by side
+        for worker in workers:
+            self.wait_worker(worker)
 
     def start_reward_server(self) -> None:
+        self.launch_reward_server()
+        self.wait_reward_server()
+
+    def launch_reward_server(self) -> None:
         command = [sys.executable, "-m", "aligner.cli", "serve-reward", "--function", "bench.chaos:paced_reward",
                    "--port", str(self.reward_port)]  # fmt: skip
         self.reward = Child("reward", command, self.env(), self.logs).start()
+
+    def wait_reward_server(self) -> None:
         url = f"http://127.0.0.1:{self.reward_port}/v2/health/ready"
         wait_until(lambda: http_ok(url), START_TIMEOUT_S, "the reward server", self.reward)
 
     def start_worker(self) -> Child:
+        return self.wait_worker(self.launch_worker())
+
+    def launch_worker(self) -> Child:
         name = f"chaos{self.worker_count}"
         self.worker_count += 1
         command = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "--pool=prefork",
                    "--concurrency=1", "-Q", self.queue, "-n", f"{name}@%h", "--without-mingle", "--without-gossip",
                    "--loglevel=INFO"]  # fmt: skip
         worker = Child(name, command, self.env(), self.logs).start()
-        wait_until(lambda: " ready." in worker.log(), START_TIMEOUT_S, f"worker {name}", worker)
-        self.workers.append(worker)
+        self.workers.append(worker)  # stopped with the stack even if it never becomes ready
+        return worker
+
+    def wait_worker(self, worker: Child) -> Child:
+        wait_until(lambda: " ready." in worker.log(), START_TIMEOUT_S, f"worker {worker.name}", worker)
         return worker
 
     def stop(self) -> None:
@@ -338,14 +360,15 @@ class Chaos:
         return next((w for w in self.stack.workers if w.alive()), None)
 
     def run(self, faults: list[str], outage: float) -> None:
-        for fault in faults:
+        for i, fault in enumerate(faults):
             job = self.running_job()
             if job is None:
                 say(f"no job running past step 2 any more: {fault} skipped")
                 continue
             job_id, run_dir, owner = job
             getattr(self, fault.replace("-", "_"))(job_id, Path(run_dir), owner, outage)
-            time.sleep(2)
+            if i < len(faults) - 1:
+                time.sleep(2)  # the stack settles before the next fault
 
     def sigkill_worker(self, job_id, run_dir, owner, outage) -> None:
         worker = self.worker_of(owner)
@@ -459,11 +482,13 @@ def main() -> int:
         database_url = cleanup.enter_context(postgres_schema(args.database_url))
         stack = Stack(args, folder, database_url)
         cleanup.callback(stack.stop)
-        stack.start()
+        stack.launch()
+        policy = build_policy(folder / "policy")  # while the stack's processes boot
+        stack.wait_started()
         engine = make_engine(database_url)
         cleanup.callback(engine.dispose)
         factory = make_session_factory(engine)
-        datasets = stack.register(build_policy(folder / "policy"))
+        datasets = stack.register(policy)
         job_ids = [stack.submit(datasets, i) for i in range(args.jobs)]
         say(f"{len(job_ids)} jobs submitted ({args.steps} steps each) to {args.workers} workers")
         chaos = Chaos(stack, factory, job_ids)
@@ -475,7 +500,7 @@ def main() -> int:
             return all(s in FINAL_STATUSES for s in statuses)
 
         try:
-            wait_until(all_final, args.timeout, "every job to end", interval=1)
+            wait_until(all_final, args.timeout, "every job to end", interval=0.2)
         except RuntimeError as err:
             say(str(err))
         result = verify(factory, job_ids, args.steps)

@@ -152,30 +152,42 @@ class Stack:
         self.env["ALIGNER_BROKER_URL"] = broker
         _status(f"broker {broker}")
 
+        # The reward server, the API and the dashboard boot side by side (seconds each); the worker starts once the
+        # reward server answers, so that a job it recovers at start finds its reward server up. Their ports are
+        # chosen before any of them listens: none may be one of another's.
+        taken: set[int] = set()
+
+        def new_port(count: int = 1) -> int:
+            while taken & set(range(port := free_port(count), port + count)):
+                pass
+            taken.update(range(port, port + count))
+            return port
+
         self.urls["reward_url"] = None
         if self.reward_model or self.reward_function:
-            port = free_port(3)
+            port = new_port(3)
             source = ["--model", self.reward_model] if self.reward_model else ["--function", self.reward_function]
             self._spawn("reward_server", [sys.executable, "-m", "aligner.cli", "serve-reward", *source,
                                           "--port", str(port)])  # fmt: skip
-            url = f"http://127.0.0.1:{port}"
-            self._wait_until("reward_server", lambda: http_ok(f"{url}/v2/health/ready"))
-            self.urls["reward_url"] = url
-            _status(f"reward server {url}")
+            self.urls["reward_url"] = f"http://127.0.0.1:{port}"
 
-        self._spawn("worker", [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
-                               "--pool=prefork", "--loglevel=INFO"])  # fmt: skip
-
-        port = self.api_port or free_port()
+        port = self.api_port or new_port()
         self._spawn("api", [sys.executable, "-m", "flask", "--app", "webapp", "run", "--host", self.host,
                             "--port", str(port), "--with-threads", "--no-reload", "--no-debugger"])  # fmt: skip
         api = f"http://{self.host}:{port}"
-        self._wait_until("api", lambda: http_ok(f"{api}/api/v1/health"))
 
-        port = free_port()
+        port = new_port()
         self._spawn("ui", [sys.executable, "-m", "aligner.cli", "ui", "--api-url", api, "--host", self.host,
                            "--port", str(port), "--data-dir", str(self.data_dir)])  # fmt: skip
         ui = f"http://{self.host}:{port}"
+
+        if self.urls["reward_url"]:
+            url = self.urls["reward_url"]
+            self._wait_until("reward_server", lambda: http_ok(f"{url}/v2/health/ready"))
+            _status(f"reward server {url}")
+        self._spawn("worker", [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
+                               "--pool=prefork", "--loglevel=INFO"])  # fmt: skip
+        self._wait_until("api", lambda: http_ok(f"{api}/api/v1/health"))
         self._wait_until("ui", lambda: http_ok(f"{ui}/"))
         self.urls.update(api_url=api, api_base=f"{api}{API_PREFIX}", ui_url=ui, token=self._token())
         pids = {name: proc.pid for name, proc in self.children.items()}  # each the leader of its process group

@@ -40,14 +40,14 @@ def function_server(tiny_policy_dir):
     args = ["--function", "tests.helpers.rewards:length_reward", "--max-batch-size", "4"]
     server = Server(*args, "--tokenizer", str(tiny_policy_dir))
     yield server
-    server.stop()
+    server.kill()  # at once: a graceful stop takes seconds and is test_sigterm_stops_everything's
 
 
 @pytest.fixture(scope="module")
 def model_server(reward_model_dir):
     server = Server("--model", str(reward_model_dir), "--set", "reward_mean=0.5", "--set", "reward_std=2.0")
     yield server
-    server.stop()
+    server.kill()
 
 
 def test_project_client_sends_prompts_responses_and_metadata(function_server):
@@ -210,15 +210,24 @@ def test_unreachable_server_is_a_clear_error_naming_the_url():
         )
 
 
+def group_members(pgid: int) -> list[str]:
+    return subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
+
+
+def members_after(pgid: int, seconds: float) -> list[str]:
+    """The group's processes once it is empty, or after `seconds` (what is still there then)."""
+    deadline = time.monotonic() + seconds
+    while (left := group_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
 def test_sigterm_stops_everything_and_removes_the_workspace():
     server = Server("--function", "tests.helpers.rewards:length_reward")
     assert list(Path(tempfile.gettempdir()).glob(f"aligner-triton-{server.proc.pid}-*"))
-    children = subprocess.run(["pgrep", "-g", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
-    assert len(children) >= 2  # the server and Triton at least
+    assert len(group_members(server.proc.pid)) >= 2  # the server and Triton at least
     assert server.stop(signal.SIGTERM) == 0
-    time.sleep(1)
-    left = subprocess.run(["pgrep", "-g", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
-    assert left == []
+    assert members_after(server.proc.pid, 1) == []
     assert not list(Path(tempfile.gettempdir()).glob(f"aligner-triton-{server.proc.pid}-*"))
     assert "reward server stopped" in server.output()
 
@@ -226,14 +235,14 @@ def test_sigterm_stops_everything_and_removes_the_workspace():
 def test_a_sigkilled_servers_workspace_is_removed_at_the_next_start():
     killed = Server("--function", "tests.helpers.rewards:length_reward")
     assert killed.stop(signal.SIGKILL) == -signal.SIGKILL
-    time.sleep(1)
-    assert list(Path(tempfile.gettempdir()).glob(f"aligner-triton-{killed.proc.pid}-*"))  # left behind
     subprocess.run(["pkill", "-KILL", "-g", str(killed.proc.pid)], check=False)  # Triton dies with it anyway
+    assert members_after(killed.proc.pid, 10) == []  # none of it is left to clean up
+    assert list(Path(tempfile.gettempdir()).glob(f"aligner-triton-{killed.proc.pid}-*"))  # left behind
     fresh = Server("--function", "tests.helpers.rewards:length_reward")
     try:
         assert not list(Path(tempfile.gettempdir()).glob(f"aligner-triton-{killed.proc.pid}-*"))
     finally:
-        fresh.stop()
+        fresh.kill()
 
 
 def test_cli_without_a_source_is_a_user_error(capsys):
@@ -303,4 +312,4 @@ def test_dynamic_batching_can_be_switched_off_and_ready_means_it_answers():
         assert "dynamic_batching" not in config and config["max_batch_size"] == DECLARED_MAX_BATCH_SIZE
         assert RemoteRewardClient(server.url).score(["p", "q"], ["ab", "abcd"]).tolist() == [2.0, 4.0]
     finally:
-        server.stop()
+        server.kill()
