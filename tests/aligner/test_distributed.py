@@ -150,27 +150,26 @@ def test_dynamic_batching_samples_what_a_static_split_into_the_same_chunks_sampl
 
 
 def _one_and_two_ranks(tmp_path: Path, configs: dict[int, dict]) -> tuple[dict, dict]:
-    """tests/helpers/distributed_worker.py's results of configs[1] in 1 process and configs[2] in 2 (torchrun).
+    """tests/helpers/distributed_worker.py's results of configs[1] in this process and configs[2] in 2 (torchrun).
 
-    The two runs go at once: most of their time is process and server startup, which overlaps well."""
-    running = {}
-    for ranks in (1, 2):
-        (tmp_path / f"config{ranks}.json").write_text(json.dumps(configs[ranks]))
-        worker = [
-            "-m",
-            "tests.helpers.distributed_worker",
-            str(tmp_path / f"config{ranks}.json"),
-            str(tmp_path / f"{ranks}.pt"),
-        ]
-        command = (TORCHRUN if ranks == 2 else [sys.executable]) + worker
-        running[ranks] = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-    results = {}
-    for ranks, process in running.items():
-        output, _ = process.communicate(timeout=300)
-        assert process.returncode == 0, output[-6000:]
-        results[ranks] = torch.load(tmp_path / f"{ranks}.pt", weights_only=False)
+    The two runs go at once: the 2 ranks start (process and server startup, most of their time) while this process,
+    which has every module loaded already, runs the 1-rank reference instead of starting a fourth interpreter."""
+    from tests.helpers import distributed_worker
+
+    paths = {ranks: (tmp_path / f"config{ranks}.json", tmp_path / f"{ranks}.pt") for ranks in (1, 2)}
+    for ranks, (config, _) in paths.items():
+        config.write_text(json.dumps(configs[ranks]))
+    worker = ["-m", "tests.helpers.distributed_worker", *map(str, paths[2])]
+    two = subprocess.Popen([*TORCHRUN, *worker], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        distributed_worker.main(*map(str, paths[1]))
+    except BaseException:
+        two.kill()  # the ranks die with their agent
+        two.communicate()
+        raise
+    output, _ = two.communicate(timeout=300)
+    assert two.returncode == 0, output[-6000:]
+    results = {ranks: torch.load(out, weights_only=False) for ranks, (_, out) in paths.items()}
     assert (results[1]["world_size"], results[2]["world_size"]) == (1, 2)
     return results[1], results[2]
 

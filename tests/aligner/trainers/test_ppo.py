@@ -224,7 +224,7 @@ def ppo_train(config, resume=False, until_step=None) -> PPOTrainer:
     return trainer
 
 
-@pytest.mark.slow(50)
+@pytest.mark.slow(40)
 def test_ppo_two_steps_resume_two_steps_equals_four_steps(run_config, reward_model_dir):
     pytest.importorskip("pytriton")
     sections = {
@@ -263,7 +263,7 @@ def test_ppo_two_steps_resume_two_steps_equals_four_steps(run_config, reward_mod
     assert all(0 <= r["train_rollouts/frac_zero_std_groups"] <= 1 for r in rows[0][1:])
 
 
-@pytest.mark.slow(40)
+@pytest.mark.slow(35)
 def test_demo_ppo_run_raises_the_reward(demo_assets_dir, tmp_path, capsys):
     """ppo.yaml shortened to 40 steps: the reward rises by more than the run's noise explains, and the validation
     reward ends above where it started."""
