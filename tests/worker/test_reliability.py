@@ -21,6 +21,9 @@ from worker.recovery import resend_queued_jobs
 from worker.runner import run_job
 
 PACED = {"function": "tests.helpers.rewards:paced_letter_reward"}  # >= 0.1 s a step: the test acts between steps
+# s between two looks of the runner at its trainer (0.5 by default): a stop or a kill then lands within a few steps
+# of the one the test waited for, and a run's end is seen at once.
+POLL = 0.1
 
 
 def log_messages(factory, job_id) -> list[str]:
@@ -88,10 +91,10 @@ def test_the_sweep_sends_again_a_queued_job_no_worker_took(factory, tmp_path):
 def test_a_stopping_worker_hands_the_job_back_at_a_checkpoint(factory, tmp_path, job_config):
     """The worker is told to stop mid-run: the trainer checkpoints at the step boundary, the job is queued again
     with no attempt counted, and the next run resumes at exactly that step; every step's metrics exist once."""
-    max_steps = 40
+    max_steps = 16
     config = job_config(max_steps=max_steps, save_interval=100, val_check_interval=100, reward=PACED)
     job_id = create_job(factory, config, tmp_path / "run")
-    s, sent = worker_settings(tmp_path, cancel_grace=30), []
+    s, sent = worker_settings(tmp_path, cancel_grace=30, poll_interval=POLL), []
     try:
         run = Background(job_id, s, factory, send=sent.append)
         wait_for(lambda: job_row(factory, job_id).step >= 3, 60, "3 steps")
@@ -122,10 +125,10 @@ def test_a_stopping_worker_hands_the_job_back_at_a_checkpoint(factory, tmp_path,
 # ------------------------------------------------------------------------------------------------- killed trainer
 @pytest.mark.slow
 def test_a_trainer_killed_from_outside_is_requeued_and_resumes(factory, tmp_path, job_config):
-    max_steps = 30
+    max_steps = 16
     config = job_config(max_steps=max_steps, save_interval=2, val_check_interval=100, reward=PACED)
     job_id = create_job(factory, config, tmp_path / "run")
-    s, sent = worker_settings(tmp_path, max_attempts=3), []
+    s, sent = worker_settings(tmp_path, max_attempts=3, poll_interval=POLL), []
     run = Background(job_id, s, factory, send=sent.append)
     wait_for(lambda: job_row(factory, job_id).step >= 5, 60, "5 steps")
     os.kill(json.loads((tmp_path / "run" / "trainer.pid").read_text())["pid"], signal.SIGKILL)
@@ -151,8 +154,10 @@ def trainer_env(run_dir: Path) -> dict[str, str]:
 def test_jobs_get_gpus_of_their_own(factory, tmp_path, job_config):
     """Two fake devices: two one-GPU jobs run at once, each seeing only its device; a third waits; a CPU job sees
     none. The devices are free again when the runs end."""
-    s = worker_settings(tmp_path, gpus=("0", "1"), device_lock_dir=tmp_path / "locks")
-    config = job_config(max_steps=30, save_interval=100, val_check_interval=100, reward=PACED)
+    s = worker_settings(tmp_path, gpus=("0", "1"), device_lock_dir=tmp_path / "locks", poll_interval=POLL)
+    # A trainer lives for its start (seconds) and its steps: the test reads its environment and offers the third job
+    # right after it starts, so a few steps are enough.
+    config = job_config(max_steps=3, save_interval=100, val_check_interval=100, reward=PACED)
     first, second, third = (create_job(factory, config, tmp_path / f"run{i}", num_gpus=1) for i in range(3))
     cpu = create_job(factory, config, tmp_path / "run_cpu", num_gpus=0)
     runs = [Background(first, s, factory), Background(second, s, factory)]
