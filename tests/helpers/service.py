@@ -177,6 +177,9 @@ class Service:
             "ALIGNER_QUEUE": self.queue,
             "ALIGNER_DATA_DIR": str(folder / "data"),
             "ALIGNER_LEASE_TIMEOUT": "3",
+            # a look at the trainer every 0.1 s (0.5 by default): a test's cancel, stop or kill lands within a step
+            # or two of the step it waited for, and a job's end is seen at once
+            "ALIGNER_POLL_INTERVAL": "0.1",
             "ALIGNER_SWEEP_INTERVAL": "1",
             "ALIGNER_REQUEUE_AFTER": "3",
             "ALIGNER_CANCEL_GRACE": "20",

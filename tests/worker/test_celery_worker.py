@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import socket
@@ -143,9 +144,10 @@ def test_a_second_copy_of_a_leased_job_stands_down(service, job_config, tmp_path
 def test_a_running_worker_recovers_a_lost_job_with_no_message_left(service, job_config, tmp_path):
     """A job whose worker vanished and whose message is gone (a stood-down copy acknowledged it): the periodic sweep
     of a worker that is already up re-queues it, and it runs."""
+    stale = utcnow() - dt.timedelta(seconds=3)  # the ghost's last heartbeat: ALIGNER_LEASE_TIMEOUT (3 s) ago
     job_id = create_job(
         service.factory, job_config(max_steps=2), tmp_path / "run", status="running", worker="ghost:1:x",
-        heartbeat_at=utcnow(), attempts=1, started_at=utcnow(),
+        heartbeat_at=stale, attempts=1, started_at=stale,
     )  # fmt: skip
     job = service.wait_final(job_id)
     assert (job.status, job.attempts, job.step) == ("succeeded", 2, 2)
@@ -161,7 +163,7 @@ def test_a_sigkilled_worker_loses_nothing(pg_available, redis_url, job_config, t
     service = Service(schema, redis_url, tmp_path)
     try:
         first = service.start_worker()
-        max_steps = 30
+        max_steps = 22
         run_dir = tmp_path / "run"
         config = job_config(max_steps=max_steps, save_interval=5, val_check_interval=10, reward=PACED)
         job_id = service.submit(config, run_dir=run_dir)
@@ -220,7 +222,8 @@ def test_a_queued_job_whose_message_was_lost_is_sent_again(service, job_config, 
     """A job committed as queued whose message never reached a worker (a broker restarted without it): a worker's
     sweep sends it again once it has waited ALIGNER_REQUEUE_AFTER (3 s here), and it runs once."""
     config = job_config(max_steps=2)
-    job_id = create_job(service.factory, config, tmp_path / "run", service.folder / "data", queued_at=utcnow())
+    waited = utcnow() - dt.timedelta(seconds=3)  # committed ALIGNER_REQUEUE_AFTER ago: the next sweep sends it
+    job_id = create_job(service.factory, config, tmp_path / "run", service.folder / "data", queued_at=waited)
     job = service.wait_final(job_id, timeout=60)
     assert (job.status, job.attempts) == ("succeeded", 1)
     assert f"recovery sweep: queued job {job_id} sent again" in service.workers[0].log()
@@ -236,7 +239,7 @@ def test_sigterm_to_a_worker_hands_its_job_back_at_a_checkpoint(pg_available, re
     service = Service(schema, redis_url, tmp_path)
     try:
         first = service.start_worker()
-        max_steps = 40
+        max_steps = 20
         run_dir = tmp_path / "run"
         config = job_config(max_steps=max_steps, save_interval=100, val_check_interval=100, reward=PACED)
         job_id = service.submit(config, run_dir=run_dir)

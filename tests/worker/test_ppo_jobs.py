@@ -120,10 +120,15 @@ def ppo_config(job_config, reward_model_dir):
     return make
 
 
+# s between SIGTERM and SIGKILL when a job's critic server is stopped. A PyTriton server takes 4 s or more to stop
+# cleanly, so a stop ends with the SIGKILL to its group whatever grace a test could afford: the shortest wastes least.
+STOP_GRACE = 0.5
+
+
 def settings(tmp_path, fake_trainer, **kw) -> Settings:
     return Settings(
         database_url="unused", data_dir=tmp_path / "data", python=str(fake_trainer), poll_interval=0.1,
-        critic_stop_grace=2.0, **{"lease_timeout": 30.0, **kw},
+        critic_stop_grace=STOP_GRACE, **{"lease_timeout": 30.0, **kw},
     )  # fmt: skip
 
 
@@ -142,11 +147,34 @@ def assert_critic_gone(run_dir: Path, pgid: int) -> None:
     assert not (run_dir / CRITIC_PID_FILE).exists()
 
 
+def release_when_logged(run_dir: Path, line: str) -> threading.Thread:
+    """Let a holding fake trainer (mode `hold`, RUN_DIR/hold) go once the critic server's log has `line` (or after
+    60 s without it: the test then fails on the log, not by hanging)."""
+
+    def release() -> None:
+        log = run_dir / CRITIC_LOG
+        try:
+            wait_for(lambda: log.exists() and line in log.read_text(errors="replace"), 60, f"{line!r} in {log}")
+        finally:
+            (run_dir / "hold").unlink(missing_ok=True)
+
+    thread = threading.Thread(target=release, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_a_ppo_job_gets_a_critic_server_that_stops_when_it_succeeds(factory, tmp_path, fake_trainer, ppo_config):
     run_dir = tmp_path / "run"
     job_id = create_job(factory, ppo_config(), run_dir)
+    # The server says it is ready a moment after its models answer (which is what the worker waits for): the trainer
+    # ends only then, so that the server is not stopped before it has written what its log is checked for below.
+    set_mode(fake_trainer, "hold")
+    run_dir.mkdir()
+    (run_dir / "hold").touch()
+    releaser = release_when_logged(run_dir, "critic server ready in")
     started = time.monotonic()
     result = run_job(job_id, settings(tmp_path, fake_trainer), factory)
+    releaser.join()
     print(f"\nPPO job with its critic server: {time.monotonic() - started:.1f} s")
     assert result["outcome"] == "succeeded", result
     seen = report(run_dir)
@@ -308,7 +336,7 @@ def test_a_real_tiny_ppo_job_runs_end_to_end(factory, tmp_path, ppo_config):
     config["trainer"].update(max_steps=2, save_interval=2, val_check_interval=2)
     job_id = create_job(factory, config, run_dir)
     started = time.monotonic()
-    s = Settings(database_url="unused", data_dir=tmp_path / "data", critic_stop_grace=2.0)
+    s = Settings(database_url="unused", data_dir=tmp_path / "data", critic_stop_grace=STOP_GRACE, poll_interval=0.1)
     result = run_job(job_id, s, factory)
     print(f"\nreal 2-step PPO job: {time.monotonic() - started:.1f} s")
     assert result["outcome"] == "succeeded", result
@@ -376,7 +404,7 @@ def test_the_recovery_sweep_kills_a_lost_workers_critic_server_and_nothing_else(
                 proc.wait()
 
 
-@pytest.mark.slow(35)
+@pytest.mark.slow(25)
 def test_a_sigkilled_celery_worker_leaves_a_critic_that_the_next_worker_kills(
     pg_available, redis_url, tmp_path, fake_trainer, ppo_config
 ):
@@ -384,7 +412,7 @@ def test_a_sigkilled_celery_worker_leaves_a_critic_that_the_next_worker_kills(
     server stays; a new worker's sweep re-queues the job, the new run kills that server, starts its own, succeeds."""
     schema = PgSchema()
     set_mode(fake_trainer, "hold")
-    env = {"ALIGNER_TRAINER_PYTHON": str(fake_trainer), "ALIGNER_CRITIC_STOP_GRACE": "2"}
+    env = {"ALIGNER_TRAINER_PYTHON": str(fake_trainer), "ALIGNER_CRITIC_STOP_GRACE": str(STOP_GRACE)}
     service = Service(schema, redis_url, tmp_path, **env)
     stale_pgid = None
     try:
