@@ -146,11 +146,11 @@ def test_a_running_worker_recovers_a_lost_job_with_no_message_left(service, job_
     of a worker that is already up re-queues it, and it runs."""
     stale = utcnow() - dt.timedelta(seconds=3)  # the ghost's last heartbeat: ALIGNER_LEASE_TIMEOUT (3 s) ago
     job_id = create_job(
-        service.factory, job_config(max_steps=2), tmp_path / "run", status="running", worker="ghost:1:x",
-        heartbeat_at=stale, attempts=1, started_at=stale,
+        service.factory, job_config(max_steps=2), tmp_path / "run", service.folder / "data", status="running",
+        worker="ghost:1:x", heartbeat_at=stale, attempts=1, started_at=stale,
     )  # fmt: skip
     job = service.wait_final(job_id)
-    assert (job.status, job.attempts, job.step) == ("succeeded", 2, 2)
+    assert (job.status, job.attempts, job.step) == ("succeeded", 2, 2), job.error
     assert [e["status"] for e in events(service.factory, job_id, "status")] == ["queued", "running", "succeeded"]
     assert f"recovery sweep: job {job_id} -> queued" in service.workers[0].log()
 
