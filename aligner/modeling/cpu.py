@@ -106,15 +106,15 @@ def _probe_key(caps: CpuCapabilities, threads: int) -> str:
 def _cached_rates(key: str) -> MatmulRates:
     path = probe_cache_path()
     try:
-        return MatmulRates(**json.loads(path.read_text())[key])
-    except (OSError, ValueError, KeyError, TypeError):
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    try:
+        return MatmulRates(**known[key])
+    except (KeyError, TypeError):
         pass
     rates = measure_matmul_rates()
     try:
-        try:
-            known = json.loads(path.read_text())
-        except (OSError, ValueError):
-            known = {}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({**known, key: asdict(rates)}, indent=1))
@@ -133,20 +133,27 @@ def matmul_rates() -> MatmulRates | None:
     return _cached_rates(_probe_key(caps, torch.get_num_threads()))
 
 
+def _env_answer() -> bool | None:
+    """`ALIGNER_CPU_BF16`'s answer, or None when it is unset."""
+    answer = os.environ.get(BF16_ENV, "").strip().lower()
+    if not answer:
+        return None
+    if answer not in BF16_ANSWERS:
+        raise ValueError(f"{BF16_ENV} must be one of {', '.join(BF16_ANSWERS)} or unset, not {answer!r}")
+    return BF16_ANSWERS[answer]
+
+
 def bf16_products_pay() -> bool:
     """Whether bfloat16 matrix products are worth running on this CPU: `ALIGNER_CPU_BF16` if set, else measured."""
-    answer = os.environ.get(BF16_ENV, "").strip().lower()
-    if answer:
-        if answer not in BF16_ANSWERS:
-            raise ValueError(f"{BF16_ENV} must be one of {', '.join(BF16_ANSWERS)} or unset, not {answer!r}")
-        return BF16_ANSWERS[answer]
+    if (answer := _env_answer()) is not None:
+        return answer
     rates = matmul_rates()
     return rates is not None and rates.bf16_pays
 
 
 def bf16_reason() -> str:
     """Why `bf16_products_pay()` answered as it did, for a run's warning."""
-    if os.environ.get(BF16_ENV, "").strip():
+    if _env_answer() is not None:
         return f"{BF16_ENV}={os.environ[BF16_ENV].strip()} says so"
     rates = matmul_rates()
     if rates is None:
