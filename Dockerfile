@@ -18,7 +18,8 @@ RUN pip install --no-cache-dir -e '.[gguf,serve,service,tracking]' gunicorn
 # The services run as this user, never root (docs/service.md "Docker Compose"): a fixed uid, so that the data volume
 # keeps one owner across image rebuilds. /data is a new volume's mount point: Docker gives the volume its owner and
 # mode (0700: other local users read no tenant's data). The code in /app stays root's and read-only to it.
-RUN useradd --uid 10001 --user-group --create-home --home-dir /home/aligner --shell /usr/sbin/nologin aligner \
+RUN groupadd --gid 10001 aligner \
+    && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/aligner --shell /usr/sbin/nologin aligner \
     && mkdir -p /data && chown aligner:aligner /data && chmod 0700 /data
 USER 10001:10001
 ENTRYPOINT ["aligner"]
