@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -170,7 +171,7 @@ class Stack:
             self._wait_until("redis", lambda: port_open(port))
             broker = redis_url(port, password)
         self.env["ALIGNER_BROKER_URL"] = broker
-        _status(f"broker {_safe_url(broker)}")
+        _status(f"broker {_hide_passwords(broker)}")
 
         # The reward server, the API and the dashboard boot side by side (seconds each); the worker starts once the
         # reward server answers, so that a job it recovers at start finds its reward server up. Their ports are
@@ -407,6 +408,11 @@ def _safe_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
+
+
+def _hide_passwords(urls: str) -> str:
+    """A broker URL (or Celery's `;`-separated list of them) with each password shown as ***."""
+    return re.sub(r"(://[^:/@;]*:)[^@/;]*@", r"\1***@", urls)
 
 
 def _status(message: str) -> None:

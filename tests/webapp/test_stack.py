@@ -175,6 +175,9 @@ def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_di
     assert up.returncode == 0, output
     assert "stopped" in output
     own_redis = "ALIGNER_BROKER_URL" not in env
+    if own_redis:  # what it prints names its Redis without the password
+        password = (data_dir / "redis" / "redis.conf").read_text().split()[1]
+        assert "broker redis://:***@127.0.0.1:" in output and password not in output
     assert set(stack["pids"]) == {"reward_server", "worker", "api", "ui"} | ({"redis"} if own_redis else set())
     for name, pid in stack["pids"].items():
         assert _group_alive(pid) == [], f"{name} (process group {pid}) still running"
@@ -219,6 +222,15 @@ def test_the_embedded_broker_keeps_a_queued_job_through_a_sigkill(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_printed_broker_url_hides_its_password():
+    from webapp.stack import _hide_passwords
+
+    assert _hide_passwords("amqp://aligner:s3cret@rabbitmq:5672//") == "amqp://aligner:***@rabbitmq:5672//"
+    failover = "sentinel://:s3cret@a:26379;sentinel://:s3cret@b:26379"
+    assert _hide_passwords(failover) == "sentinel://:***@a:26379;sentinel://:***@b:26379"
+    assert _hide_passwords("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
 
 
 def test_the_embedded_broker_refuses_clients_without_its_password(tmp_path):
