@@ -15,4 +15,11 @@ COPY migrations ./migrations
 COPY alembic.ini ./
 # tracking: a job may log its metrics to TensorBoard and MLflow (logging.tensorboard / logging.mlflow).
 RUN pip install --no-cache-dir -e '.[gguf,serve,service,tracking]' gunicorn
+# The services run as this user, never root (docs/service.md "Docker Compose"): a fixed uid, so that the data volume
+# keeps one owner across image rebuilds. /data is a new volume's mount point: Docker gives the volume its owner and
+# mode (0700: other local users read no tenant's data). The code in /app stays root's and read-only to it.
+RUN groupadd --gid 10001 aligner \
+    && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/aligner --shell /usr/sbin/nologin aligner \
+    && mkdir -p /data && chown aligner:aligner /data && chmod 0700 /data
+USER 10001:10001
 ENTRYPOINT ["aligner"]

@@ -147,10 +147,11 @@ class Broker:
             command = [str(script if script.exists() else shutil.which("rabbitmq-server") or "rabbitmq-server")]
             self.url = f"amqp://guest:guest@127.0.0.1:{self.port}//"
         else:
-            from webapp.stack import redis_command, redis_server_binary
+            from webapp.stack import redis_command, redis_server_binary, redis_url
 
-            command = redis_command(redis_server_binary(), self.port, folder)
-            self.url = f"redis://127.0.0.1:{self.port}/0"
+            password = uuid.uuid4().hex  # as `aligner up`'s: a password of its own
+            command = redis_command(redis_server_binary(), self.port, folder, password)
+            self.url = redis_url(self.port, password)
         self.child = Child("broker", command, env, logs)
 
     def start(self) -> None:

@@ -72,6 +72,7 @@ def create_app(test_config: dict[str, Any] | None = None):
     )
     from webapp.db import database_url
     from webapp.extensions import db
+    from webapp.private import private_data_dir, private_files
     from webapp.queues import CeleryQueue
     from webapp.rewards_try import TRY_TIMEOUT_S
     from webapp.settings import service_settings
@@ -110,8 +111,8 @@ def create_app(test_config: dict[str, Any] | None = None):
     )
     if test_config:
         app.config.update(test_config)
-    data_dir = Path(app.config["DATA_DIR"]).expanduser().resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_files()  # the API process's uploads and folders are its user's only (webapp/private.py)
+    data_dir = private_data_dir(Path(app.config["DATA_DIR"]).expanduser().resolve())
     app.config["DATA_DIR"] = str(data_dir)
     if not app.config["DATABASE_URL"]:
         app.config["DATABASE_URL"] = database_url(data_dir)

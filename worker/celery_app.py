@@ -36,6 +36,7 @@ import threading
 
 from celery import Celery, signals
 
+from webapp.private import private_data_dir, private_files
 from webapp.queues import send_run_job, transport_options
 from webapp.settings import service_settings
 from worker import shutdown
@@ -99,6 +100,14 @@ def _hide_from_trainers(**_kwargs) -> None:
     """The worker's processes (the main one, before its pool forks, and each pool process) are unreadable to the
     trainers they start (worker/processes.py `hide_from_children`)."""
     hide_from_children()
+
+
+@signals.worker_init.connect
+def _private_files(**_kwargs) -> None:
+    """Before the pool forks: the run folders this worker and its trainers write are their user's only
+    (webapp/private.py; the pool processes and the trainers inherit the umask)."""
+    private_files()
+    private_data_dir(Settings.from_env().data_dir)
 
 
 @signals.worker_shutting_down.connect

@@ -128,9 +128,12 @@ class WorkerProcess:
             "-Q", queue, "-n", self.name, "--without-mingle", "--without-gossip", "--loglevel=INFO",
         ]  # fmt: skip
         self.log_file = log_path.open("ab")
+        # umask 0o022, a shell's usual one, whatever this test process's is: what the worker writes is private
+        # only because it makes it so itself (webapp/private.py).
         self.proc = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=self.log_file, stderr=subprocess.STDOUT, start_new_session=True
-        )
+            command, cwd=ROOT, env=env, stdout=self.log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            umask=0o022,
+        )  # fmt: skip
         wait_for(lambda: " ready." in self.log() or self.proc.poll() is not None, 60, "the Celery worker to start")
         assert self.proc.poll() is None, f"the worker exited:\n{self.log()}"
 

@@ -160,15 +160,44 @@ def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_di
         assert [s for s, _ in metrics["metrics"]["train_rollouts/rewards"]] == [1, 2, 3]
         rewards = [v for _, v in metrics["metrics"]["train_rollouts/rewards"]]
         assert _values(metrics, "train_rollouts/rewards") == rewards  # what the demo summary reads
+        # Other local users read nothing of it: every folder 0700 and file 0600, the logs, the broker's files, the
+        # uploads and the job's run folder included (webapp/private.py) ...
+        made = [data_dir, *data_dir.rglob("*")]
+        assert {"logs", "runs", "datasets"} <= {p.name for p in made}
+        assert not [p for p in made if not p.is_symlink() and stat.S_IMODE(p.lstat().st_mode) & 0o077]
+        # ... and the dashboard and the reward server hold no database or broker URL (SERVICE_ONLY_ENV).
+        for name in ("ui", "reward_server"):
+            environ = Path(f"/proc/{stack['pids'][name]}/environ").read_bytes().split(b"\0")
+            assert not [v for v in environ if v.startswith((b"ALIGNER_DATABASE_URL=", b"ALIGNER_BROKER_URL="))]
     finally:
         up.send_signal(signal.SIGTERM)
         output, _ = up.communicate(timeout=90)
     assert up.returncode == 0, output
     assert "stopped" in output
     own_redis = "ALIGNER_BROKER_URL" not in env
+    if own_redis:  # what it prints names its Redis without the password
+        password = (data_dir / "redis" / "redis.conf").read_text().split()[1]
+        assert "broker redis://:***@127.0.0.1:" in output and password not in output
     assert set(stack["pids"]) == {"reward_server", "worker", "api", "ui"} | ({"redis"} if own_redis else set())
     for name, pid in stack["pids"].items():
         assert _group_alive(pid) == [], f"{name} (process group {pid}) still running"
+
+
+def _start_redis(command: list[str], port: int, password: str) -> subprocess.Popen:
+    """Start `command` (webapp.stack.redis_command) and wait until it answers a client that knows `password`."""
+    import redis
+
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    client = redis.Redis(port=port, password=password, socket_connect_timeout=1)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            client.ping()
+            return proc
+        except redis.exceptions.RedisError:  # not listening yet, or still loading its file
+            assert proc.poll() is None, "redis-server exited"
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
 
 
 def test_the_embedded_broker_keeps_a_queued_job_through_a_sigkill(tmp_path):
@@ -178,31 +207,52 @@ def test_the_embedded_broker_keeps_a_queued_job_through_a_sigkill(tmp_path):
 
     from aligner.processes import free_port
     from webapp.queues import CeleryQueue
-    from webapp.stack import redis_command, redis_server_binary
+    from webapp.stack import redis_command, redis_server_binary, redis_url
 
-    port = free_port()
-    command = redis_command(redis_server_binary(), port, tmp_path)
-
-    def start() -> subprocess.Popen:
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        client = redis.Redis(port=port, socket_connect_timeout=1)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                client.ping()
-                return proc
-            except redis.exceptions.RedisError:  # not listening yet, or still loading its file
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.05)
-
-    proc = start()
+    port, password = free_port(), "a-test-password"
+    command = redis_command(redis_server_binary(), port, tmp_path, password)
+    proc = _start_redis(command, port, password)
     try:
-        CeleryQueue(queue="aligner", broker_url=f"redis://127.0.0.1:{port}/0").enqueue(7)
+        CeleryQueue(queue="aligner", broker_url=redis_url(port, password)).enqueue(7)
         proc.kill()
         proc.wait()
-        proc = start()
-        messages = redis.Redis(port=port).lrange("aligner", 0, -1)
+        proc = _start_redis(command, port, password)
+        messages = redis.Redis(port=port, password=password).lrange("aligner", 0, -1)
         assert [json.loads(m)["headers"]["argsrepr"] for m in messages] == ["[7]"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_printed_broker_url_hides_its_password():
+    from webapp.stack import _hide_passwords
+
+    assert _hide_passwords("amqp://aligner:s3cret@rabbitmq:5672//") == "amqp://aligner:***@rabbitmq:5672//"
+    failover = "sentinel://:s3cret@a:26379;sentinel://:s3cret@b:26379"
+    assert _hide_passwords(failover) == "sentinel://:***@a:26379;sentinel://:***@b:26379"
+    assert _hide_passwords("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+def test_the_embedded_broker_refuses_clients_without_its_password(tmp_path):
+    """Every local user reaches 127.0.0.1: `aligner up`'s Redis answers only clients with the password it was
+    started with, listens on 127.0.0.1 only, and keeps the password off its command line (ps shows that to all)."""
+    import redis
+
+    from aligner.processes import free_port
+    from webapp.stack import REDIS_CONFIG, redis_command, redis_server_binary
+
+    port, password = free_port(), "a-test-password"
+    command = redis_command(redis_server_binary(), port, tmp_path, password)
+    assert not any(password in part for part in command)
+    assert stat.S_IMODE((tmp_path / REDIS_CONFIG).stat().st_mode) == 0o600
+    proc = _start_redis(command, port, password)
+    try:
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis(port=port, socket_connect_timeout=1).ping()
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis(port=port, password="a-guess", socket_connect_timeout=1).ping()
+        client = redis.Redis(port=port, password=password)
+        assert client.config_get("bind") == {"bind": "127.0.0.1"}
     finally:
         proc.kill()
         proc.wait()

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -86,6 +87,10 @@ def test_a_job_runs_to_success(service, job_config, tmp_path):
     assert {(e["step"], e["split"]) for e in events(service.factory, job_id, "samples")} == set(indices)
     assert "final policy:" in (tmp_path / "run" / "train.log").read_text()
     assert not trainer_alive(tmp_path / "run")
+    # The run folder, its checkpoints, metrics, samples and log: the worker's user's only (webapp/private.py).
+    made = [tmp_path / "run", *(tmp_path / "run").rglob("*")]
+    assert len(made) > 5
+    assert not [p for p in made if not p.is_symlink() and stat.S_IMODE(p.lstat().st_mode) & 0o077]
     print(f"\n4-step job: submitted -> succeeded in {elapsed:.1f} s")
 
 

@@ -17,6 +17,8 @@ import argparse
 import os
 from pathlib import Path
 
+from webapp.private import private_files
+
 CSS = ".field-error p { color: #c0392b; margin: 0; font-size: 0.9em; }"
 
 
@@ -44,6 +46,7 @@ def build_app(api_url: str, data_dir: Path | None = None):
 def run(args: argparse.Namespace) -> None:
     """The `aligner ui` command: serve the dashboard until Ctrl-C."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home (and none possible offline)
+    private_files()  # the downloads it keeps for the browser are its user's only (webapp/private.py)
     data_dir = Path(args.data_dir).expanduser().resolve() if args.data_dir else None
     app = build_app(args.api_url, data_dir)
     app.queue(default_concurrency_limit=8)
