@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from tests.helpers.api import bearer, both_backends, create_job
 from webapp import create_app
-from webapp.db import Checkpoint, Job, User, create_token, transition
+from webapp.db import ApiToken, Checkpoint, Job, User, create_token, revoke_token, transition
 from webapp.extensions import db
 from webapp.limits import EXTENSION
 from webapp.queues import InMemoryQueue
@@ -45,11 +45,29 @@ def test_failed_signins_are_throttled_per_address_with_retry_after(app, client, 
     [reason] = response.json["errors"]["Authorization"]
     assert reason.startswith("10 requests without a valid token within 1 minute; retry after ")
 
-    # The address is throttled, a valid token or not; other addresses and /health are not.
-    assert client.get(DATASETS, headers=bearer(token)).status_code == 429
+    # Its failed attempts are refused; other addresses and /health are not throttled.
+    assert client.get(DATASETS, headers=bad[3]).status_code == 429
     assert client.get(JOBS, headers=bearer(token), environ_base=ELSEWHERE).status_code == 200
     assert client.get(JOBS, headers=bad[1], environ_base=ELSEWHERE).status_code == 401
     assert client.get("/api/v1/health").status_code == 200
+
+
+def test_a_valid_token_is_served_whatever_its_addresss_failures(app, client, token, admin_token, db_session):
+    """Throttling refuses failed attempts only: a valid token is served from an address that used up its failures,
+    and its requests count nothing; the same token once revoked is a failure like any other."""
+    for _ in range(10):
+        assert client.get(JOBS, headers={"Authorization": "Bearer alg_wrong"}).status_code == 401
+    assert client.get(JOBS, headers={"Authorization": "Bearer alg_wrong"}).status_code == 429
+    assert client.get(JOBS).status_code == 429  # no token at all is a failed attempt too
+    for _ in range(20):
+        assert client.get(JOBS, headers=bearer(token)).status_code == 200
+        assert client.get("/api/v1/admin/jobs", headers=bearer(token)).status_code == 403  # signed in: no failure
+    assert client.get("/api/v1/me", headers=bearer(admin_token)).status_code == 200
+    with db_session() as session:
+        revoke_token(session, session.scalar(select(ApiToken.id).join(User).where(User.name == "alice")))
+    revoked = client.get(JOBS, headers=bearer(token))
+    assert revoked.status_code == 429 and revoked.headers["Retry-After"]
+    assert client.get(JOBS, headers=bearer(token), environ_base=ELSEWHERE).status_code == 401
 
 
 def _app(tmp_path, **config):
