@@ -9,6 +9,7 @@ import uuid
 import pytest
 from sqlalchemy import select
 
+from aligner.errors import ConfigError
 from tests.helpers.api import bearer, both_backends, create_job
 from webapp import create_app
 from webapp.db import ApiToken, Checkpoint, Job, User, create_token, revoke_token, transition
@@ -76,6 +77,35 @@ def _app(tmp_path, **config):
     with app.app_context():
         db.create_all()
     return app
+
+
+def test_behind_trusted_proxies_each_forwarded_client_has_its_own_failure_budget(tmp_path, monkeypatch):
+    """ALIGNER_TRUSTED_PROXIES=N: the client address is the Nth entry of X-Forwarded-For from the right (werkzeug's
+    ProxyFix); entries further left are the client's own say and change nothing. Without it the header is ignored."""
+
+    def failures(client, *chains: str) -> list[int]:
+        return [client.get(JOBS, headers={"X-Forwarded-For": chain}).status_code for chain in chains]
+
+    direct = _app(tmp_path / "a", SIGNIN_FAILURE_LIMIT="2/minute").test_client()
+    assert failures(direct, "203.0.113.1", "203.0.113.2", "203.0.113.3") == [401, 401, 429]
+
+    monkeypatch.setenv("ALIGNER_TRUSTED_PROXIES", "1")
+    service_settings.cache_clear()
+    app = _app(tmp_path / "b", SIGNIN_FAILURE_LIMIT="2/minute")
+    assert app.config["TRUSTED_PROXIES"] == 1
+    proxied = app.test_client()
+    assert failures(proxied, "203.0.113.1", "1.1.1.1, 203.0.113.1", "2.2.2.2, 203.0.113.1") == [401, 401, 429]
+    assert failures(proxied, "203.0.113.2", "203.0.113.2", "203.0.113.1") == [401, 401, 429]
+    assert failures(proxied, "198.51.100.1, 203.0.113.3") == [401]  # its own budget, behind the proxy's address
+
+    two_hops = _app(tmp_path / "c", SIGNIN_FAILURE_LIMIT="2/minute", TRUSTED_PROXIES=2).test_client()
+    assert failures(two_hops, "9.9.9.9, 10.0.0.5", "8.8.8.8, 10.0.0.5", "9.9.9.9, 10.0.0.6") == [401, 401, 401]
+    assert failures(two_hops, "9.9.9.9, 10.0.0.7") == [429]
+
+    monkeypatch.setenv("ALIGNER_TRUSTED_PROXIES", "-1")
+    service_settings.cache_clear()
+    with pytest.raises(ConfigError, match="ALIGNER_TRUSTED_PROXIES='-1' is not valid"):
+        _app(tmp_path / "d")
 
 
 def test_limits_come_from_the_environment(tmp_path, monkeypatch):
