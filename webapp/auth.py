@@ -4,6 +4,7 @@
 require_admin()            # in such a view: 403 unless the user is an admin
 current_user()              # the token's User inside such a view
 token_user()                # the request's token's User or None, before any view (failed sign-in throttling)
+request_token()             # the token itself, for a view that outlives its sign-in (an event stream re-checks it)
 
 A token is looked up once per request (the result kept in flask.g), however many of these ask.
 """
@@ -38,10 +39,14 @@ def _user_of(token: str) -> User | None:
     return user
 
 
+def request_token() -> str:
+    """The request's bearer token ("" when it sends none)."""
+    return getattr(auth.get_auth(), "token", None) or ""
+
+
 def token_user() -> User | None:
     """The user of the request's bearer token when it is valid (known, unexpired, unrevoked), else None."""
-    sent = auth.get_auth()
-    return _user_of(getattr(sent, "token", None) or "")
+    return _user_of(request_token())
 
 
 def current_user() -> User:
