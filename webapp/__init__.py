@@ -8,7 +8,8 @@ their defaults are listed in docs/service.md, "Environment variables"):
 
     DATA_DIR               runs (DATA_DIR/runs/job_ID) and uploads (DATA_DIR/datasets); settings' data_dir
     DATABASE_URL           default webapp.db.database_url(): settings' database_url, else DATA_DIR/aligner.db
-    MAX_CONTENT_LENGTH     largest request body (1 MiB); MAX_DATASET_SIZE for uploads (256 MiB)
+    MAX_CONTENT_LENGTH     largest request body (1 MiB); MAX_DATASET_SIZE for uploads (settings' max_upload_bytes,
+                           256 MiB)
     JOB_QUEUE              an object with enqueue(job_id); default webapp.queues.CeleryQueue() (settings' broker_url)
     JOB_LIMITS             per-job caps over webapp.job_config's, e.g. {"model.num_threads": 8}, over settings' ones
     SSE_POLL_INTERVAL, SSE_HEARTBEAT_INTERVAL   seconds (0.25, 15)
@@ -92,7 +93,7 @@ def create_app(test_config: dict[str, Any] | None = None):
         DATA_DIR=str(service_settings().data_dir),
         DATABASE_URL=None,
         MAX_CONTENT_LENGTH=1024 * 1024,
-        MAX_DATASET_SIZE=256 * 1024 * 1024,
+        MAX_DATASET_SIZE=service_settings().max_upload_bytes,
         JOB_QUEUE=None,
         JOB_LIMITS=None,
         SSE_POLL_INTERVAL=0.25,

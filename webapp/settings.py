@@ -181,6 +181,13 @@ class ServiceSettings:
         "the dashboard counts as one (`TRUSTED_PROXIES`, docs/security.md)",
         _hops,
     )
+    max_upload_bytes: int = _setting(
+        "ALIGNER_MAX_UPLOAD_BYTES",
+        256 * 1024 * 1024,
+        "bytes of one uploaded file: a dataset over the API (`MAX_DATASET_SIZE`, then 413) and any upload to the "
+        "dashboard (`aligner ui`, then 413)",
+        int,
+    )
     max_active_jobs: int = _setting(
         "ALIGNER_MAX_ACTIVE_JOBS",
         4,

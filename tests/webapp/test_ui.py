@@ -606,3 +606,26 @@ def test_the_dashboard_forwards_each_browsers_address_so_one_browsers_failures_s
     assert event(sign_in, [token], "198.51.100.1") == "Signed in as **alice**."  # a valid token is served
     assert event(sign_in, ["alg_typo"], "198.51.100.2") == "Sign-in failed: Unauthorized"  # another browser
     assert event(sign_in, [token], "198.51.100.2") == "Signed in as **alice**."
+
+
+def test_the_dashboard_refuses_an_upload_over_the_cap(tmp_path, monkeypatch):
+    """Gradio's /gradio_api/upload answers anyone who reaches the dashboard: each file is capped at
+    ALIGNER_MAX_UPLOAD_BYTES (413 past it), and the cached uploads are deleted after an hour."""
+    from aligner.processes import free_port
+    from webapp.settings import service_settings
+
+    monkeypatch.setenv("ALIGNER_MAX_UPLOAD_BYTES", "1000")
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
+    service_settings.cache_clear()
+    app = ui.build_app("http://127.0.0.1:9", tmp_path)
+    assert app.delete_cache == (3600, 3600)
+    port = free_port()
+    ui.launch(app, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
+    try:
+        url = f"http://127.0.0.1:{port}/gradio_api/upload"
+        small = requests.post(url, files={"files": ("p.jsonl", b"x" * 900)}, timeout=30)
+        assert small.status_code == 200 and len(small.json()) == 1
+        large = requests.post(url, files={"files": ("p.jsonl", b"x" * 5000)}, timeout=30)
+        assert large.status_code == 413 and "maximum allowed size" in large.text
+    finally:
+        app.close()
