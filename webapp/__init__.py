@@ -8,10 +8,13 @@ their defaults are listed in docs/service.md, "Environment variables"):
 
     DATA_DIR               runs (DATA_DIR/runs/job_ID) and uploads (DATA_DIR/datasets); settings' data_dir
     DATABASE_URL           default webapp.db.database_url(): settings' database_url, else DATA_DIR/aligner.db
-    MAX_CONTENT_LENGTH     largest request body (1 MiB); MAX_DATASET_SIZE for uploads (256 MiB)
+    MAX_CONTENT_LENGTH     largest request body (1 MiB); MAX_DATASET_SIZE for uploads (settings' max_upload_bytes,
+                           256 MiB)
     JOB_QUEUE              an object with enqueue(job_id); default webapp.queues.CeleryQueue() (settings' broker_url)
     JOB_LIMITS             per-job caps over webapp.job_config's, e.g. {"model.num_threads": 8}, over settings' ones
     SSE_POLL_INTERVAL, SSE_HEARTBEAT_INTERVAL   seconds (0.25, 15)
+    TRUSTED_PROXIES        proxies in front of the API (0): with N > 0 the client address (sign-in throttling) is
+                           the one the Nth proxy from the API saw (X-Forwarded-For, werkzeug's ProxyFix)
     TRY_TIMEOUT_S          seconds a reward try (POST /rewards/try, a job's dry run) may run (120), then 422
 
 Limits (webapp/limits.py, docs/security.md "Limits"), each defaulting to its field of the settings:
@@ -56,6 +59,7 @@ def create_app(test_config: dict[str, Any] | None = None):
     limits, error handling, blueprints, OpenAPI at /api/v1/openapi.json, its docs page at /api/v1/docs (served
     offline: webapp/docs_assets.py)."""
     from apiflask import APIFlask
+    from werkzeug.middleware.proxy_fix import ProxyFix
 
     from webapp import (
         account,
@@ -90,12 +94,13 @@ def create_app(test_config: dict[str, Any] | None = None):
         DATA_DIR=str(service_settings().data_dir),
         DATABASE_URL=None,
         MAX_CONTENT_LENGTH=1024 * 1024,
-        MAX_DATASET_SIZE=256 * 1024 * 1024,
+        MAX_DATASET_SIZE=service_settings().max_upload_bytes,
         JOB_QUEUE=None,
         JOB_LIMITS=None,
         SSE_POLL_INTERVAL=0.25,
         SSE_HEARTBEAT_INTERVAL=15.0,
         TRY_TIMEOUT_S=TRY_TIMEOUT_S,
+        TRUSTED_PROXIES=service_settings().trusted_proxies,
         **limits.config_defaults(),
         API_VERSION=version,
         DESCRIPTION=API_DESCRIPTION,
@@ -117,6 +122,11 @@ def create_app(test_config: dict[str, Any] | None = None):
     if not app.config["DATABASE_URL"]:
         app.config["DATABASE_URL"] = database_url(data_dir)
 
+    hops = app.config["TRUSTED_PROXIES"]
+    if hops:
+        # Each proxy appends the address it got the request from: the Nth from the right is the client as the
+        # outermost trusted proxy saw it; anything further left came from the client and is ignored.
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops)
     db.init_app(app)
     app.extensions["aligner_queue"] = app.config["JOB_QUEUE"] or CeleryQueue()
     authenticated = (jobs, results, rewards_try, datasets, catalogue_api, admin, account)

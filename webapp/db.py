@@ -469,11 +469,25 @@ def revoke_token(session: Session, token_id: int) -> bool:
 TOKEN_LAST_USED_RESOLUTION = dt.timedelta(minutes=1)
 
 
+def _live_token(session: Session, token: str, now: dt.datetime) -> ApiToken | None:
+    """The token's row when it is known, unrevoked and unexpired at `now`."""
+    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+    if row is None or row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= now):
+        return None
+    return row
+
+
+def token_is_live(session: Session, token: str) -> bool:
+    """Whether `token` still signs in (known, unrevoked, unexpired), recording nothing: for a request that outlives
+    its sign-in, such as an event stream."""
+    return _live_token(session, token, utcnow()) is not None
+
+
 def user_for_token(session: Session, token: str) -> User | None:
     """The token's user, or None (unknown, revoked or expired); records the use in last_used_at (to the minute)."""
-    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
     now = utcnow()
-    if row is None or row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= now):
+    row = _live_token(session, token, now)
+    if row is None:
         return None
     if row.last_used_at is None or now - row.last_used_at >= TOKEN_LAST_USED_RESOLUTION:
         row.last_used_at = now

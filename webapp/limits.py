@@ -3,9 +3,12 @@
 is an app config key whose default is a field of the service's settings (LIMIT_SETTINGS; the variables:
 webapp/settings.py, docs/service.md "Environment variables"; the limits: docs/security.md "Limits").
 
-Failed sign-ins are Flask-Limiter's: a shared limit on every blueprint that needs a token, checked before each
-request and deducted only when the answer is 401 (no, a wrong, an expired or a revoked token). Once an address has
-used them up, every request from it that needs a token gets 429 until the window ends, a valid token or not.
+Failed sign-ins are Flask-Limiter's: a shared limit on every blueprint that needs a token, deducted only when the
+answer is 401 (no, a wrong, an expired or a revoked token). A request whose token is valid is exempt: it is served
+and counts nothing, whatever its address's failures (tokens are 256-bit: throttling a valid one protects nothing,
+and would let one user's typos, or anyone's garbage, lock out everyone behind the same address). Once an address
+has used up its failures, its requests without a valid token get 429 until the window ends. The address is the
+client's, or with TRUSTED_PROXIES (webapp/__init__.py) the one its proxies forward (docs/security.md).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from flask_limiter.util import get_remote_address
 from limits import parse_many
 from sqlalchemy import func, select
 
-from webapp.auth import current_user
+from webapp.auth import current_user, token_user
 from webapp.db import CANCELLING, QUEUED, RUNNING, Dataset, Job, User
 from webapp.errors import abort_fields
 from webapp.extensions import db
@@ -103,6 +106,7 @@ def init_app(app: APIFlask, authenticated: Iterable[Blueprint]) -> None:
         app.config["SIGNIN_FAILURE_LIMIT"],
         scope=SIGNIN_SCOPE,
         deduct_when=lambda response: response.status_code == 401,
+        exempt_when=lambda: token_user() is not None,
     )
     for blueprint in authenticated:
         signin(blueprint)

@@ -10,9 +10,11 @@ event stream.
 polled from the database every SSE_POLL_INTERVAL seconds (0.25) with a fresh session each time, starting after
 `Last-Event-ID` (the header a reconnecting EventSource sends) or `?last_event_id=`. The stream ends once the job is
 finished and every event was sent, or after `?timeout=` seconds; a `: heartbeat` comment every
-SSE_HEARTBEAT_INTERVAL seconds (15) keeps proxies from closing an idle stream. Each open stream holds one server
-thread: run the API with a threaded server (gunicorn gthread, or `flask run`, which is threaded). A user may hold
-MAX_EVENT_STREAMS_PER_USER (4) streams at once in each API process; one more is 429 (webapp/limits.py).
+SSE_HEARTBEAT_INTERVAL seconds (15) keeps proxies from closing an idle stream. Each poll checks the token again:
+once it is revoked or expired the stream ends (a `: signed out` comment) and sends nothing more. Each open stream
+holds one server thread: run the API with a threaded server (gunicorn gthread, or `flask run`, which is threaded).
+A user may hold MAX_EVENT_STREAMS_PER_USER (4) streams at once in each API process; one more is 429
+(webapp/limits.py).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from flask import Response, current_app, request, send_file
 from sqlalchemy import func, select
 
 from aligner.run_layout import CHECKPOINT_DIR, FINAL_POLICY_DIR
-from webapp.auth import auth
-from webapp.db import FINAL_STATUSES, Checkpoint, Event, Job, Metric, Sample
+from webapp.auth import auth, request_token
+from webapp.db import FINAL_STATUSES, Checkpoint, Event, Job, Metric, Sample, token_is_live
 from webapp.errors import abort_fields
 from webapp.extensions import db
 from webapp.jobs import get_job_or_404
@@ -215,6 +217,7 @@ def stream_events(job_id: int, query_data):
     poll = current_app.config["SSE_POLL_INTERVAL"]
     heartbeat = current_app.config["SSE_HEARTBEAT_INTERVAL"]
     factory = db.session_factory
+    token = request_token()
     db.close_session()  # the stream polls with short sessions of its own: no connection held in between
 
     def generate():
@@ -229,6 +232,11 @@ def stream_events(job_id: int, query_data):
         yield "retry: 2000\n\n"
         while True:
             with factory() as session:
+                # Signed in once is not enough for a stream that may run for hours: a revoked or expired token
+                # gets nothing more from the next poll on.
+                if not token_is_live(session, token):
+                    yield ": signed out (the token was revoked or expired)\n\n"
+                    return
                 # The status first: a final status read here means its event is visible to the next query.
                 status = session.scalar(select(Job.status).where(Job.id == job_id))
                 events = session.scalars(

@@ -55,6 +55,13 @@ def _whole(text: str) -> int:
     return int(float(text))  # "3" and "3.0" alike, as the worker has always read its counts
 
 
+def _hops(text: str) -> int:
+    hops = int(text)
+    if hops < 0:
+        raise ValueError(text)
+    return hops
+
+
 @dataclass(frozen=True)
 class ServiceSettings:
     """The ALIGNER_* environment of one service process (`service_settings()`); built without an environment it
@@ -166,6 +173,20 @@ class ServiceSettings:
         "memory://",
         "where those are counted; `redis://HOST:6379/DB` for all API processes (`RATELIMIT_STORAGE_URI`)",
         empty_is_unset=False,
+    )
+    trusted_proxies: int = _setting(
+        "ALIGNER_TRUSTED_PROXIES",
+        0,
+        "proxies in front of the API whose `X-Forwarded-For` it trusts for the client address (werkzeug `ProxyFix`); "
+        "the dashboard counts as one (`TRUSTED_PROXIES`, docs/security.md)",
+        _hops,
+    )
+    max_upload_bytes: int = _setting(
+        "ALIGNER_MAX_UPLOAD_BYTES",
+        256 * 1024 * 1024,
+        "bytes of one uploaded file: a dataset over the API (`MAX_DATASET_SIZE`, then 413) and any upload to the "
+        "dashboard (`aligner ui`, then 413)",
+        int,
     )
     max_active_jobs: int = _setting(
         "ALIGNER_MAX_ACTIVE_JOBS",

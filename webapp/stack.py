@@ -16,8 +16,10 @@ What it starts, each as a child process with its log in DATA_DIR/logs/:
 - the dashboard (`aligner ui`, webapp/ui/), a Gradio client of the API.
 Everything it and its children write is their user's only (umask 0o077, webapp/private.py); the database and broker
 URLs reach the API and the worker only (SERVICE_ONLY_ENV).
-It prints the URLs and an operator (admin) API token and writes them to DATA_DIR/stack.json (`api_url`, `api_base`
-= api_url + /api/v1, `ui_url`, `reward_url`, `token`) for scripts. Ctrl-C or SIGTERM stops every child (whole
+It writes the URLs and an operator (admin) API token to DATA_DIR/stack.json (`api_url`, `api_base` = api_url +
+/api/v1, `ui_url`, `reward_url`, `token`; mode 0600) for scripts, and prints the URLs and where the token is, never
+the token. The token is made at each start and expires after STACK_TOKEN_DAYS; making it revokes the tokens of the
+earlier starts (stack_token), so one `aligner up` token is live at a time. Ctrl-C or SIGTERM stops every child (whole
 process groups) before it exits: the dashboard and the API first, then the worker, which hands a running job back to
 the queue at its trainer's next step boundary (worker/shutdown.py), then the reward server and the broker, which it
 needed until then.
@@ -30,6 +32,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -51,6 +54,8 @@ from webapp.private import private_data_dir, private_dir, private_files
 from webapp.settings import service_settings
 
 STACK_FILE = "stack.json"
+STACK_TOKEN_USER, STACK_TOKEN_NAME = "admin", "aligner up"
+STACK_TOKEN_DAYS = 30  # the life of the token of one start; a stack that runs longer needs `aligner token create`
 API_PREFIX = "/api/v1"  # stack.json's api_base is api_url + this: the base of every endpoint
 START_TIMEOUT_S = 120
 STOP_GRACE_S = 30  # s a child gets between SIGTERM and SIGKILL; the worker gets its trainer's grace on top
@@ -213,22 +218,64 @@ class Stack:
         self._wait_until("ui", lambda: http_ok(f"{ui}/"))
         self.urls.update(api_url=api, api_base=f"{api}{API_PREFIX}", ui_url=ui, token=self._token())
         pids = {name: proc.pid for name, proc in self.children.items()}  # each the leader of its process group
-        from webapp.db import create_private_file
-
-        create_private_file(self.data_dir / STACK_FILE).write_text(
-            json.dumps({**self.urls, "pids": pids}, indent=2) + "\n"
-        )
+        write_private_json(self.data_dir / STACK_FILE, {**self.urls, "pids": pids})
         return self.urls
 
     def _token(self) -> str:
-        from webapp.db import create_token, make_engine, make_session_factory, session_scope
+        from webapp.db import make_engine, make_session_factory, session_scope
 
         engine = make_engine(self.env["ALIGNER_DATABASE_URL"])
         try:
             with session_scope(make_session_factory(engine)) as session:
-                return create_token(session, "admin", "aligner up", admin=True)
+                return stack_token(session)
         finally:
             engine.dispose()
+
+
+def stack_token(session) -> str:
+    """A new operator token for this start of `aligner up` (user STACK_TOKEN_USER, named STACK_TOKEN_NAME, expiring
+    after STACK_TOKEN_DAYS); the earlier starts' tokens, which their stack.json still holds, are revoked."""
+    from sqlalchemy import select
+
+    from webapp.db import ApiToken, User, create_token, revoke_token
+
+    earlier = select(ApiToken.id).join(User, ApiToken.user_id == User.id)
+    earlier = earlier.where(
+        User.name == STACK_TOKEN_USER, ApiToken.name == STACK_TOKEN_NAME, ApiToken.revoked_at.is_(None)
+    )
+    for token_id in session.scalars(earlier).all():
+        revoke_token(session, token_id)
+    return create_token(session, STACK_TOKEN_USER, STACK_TOKEN_NAME, admin=True, expires_days=STACK_TOKEN_DAYS)
+
+
+def write_private_json(path: Path, body: dict) -> None:
+    """`body` as `path` (0600), whole or not at all: written beside it, then renamed over it, so a script that
+    polls for the file never reads half of it."""
+    from webapp.db import create_private_file
+
+    partial = create_private_file(path.with_name(f".{path.name}.partial"))
+    partial.write_text(json.dumps(body, indent=2) + "\n")
+    os.replace(partial, path)
+
+
+def banner(urls: dict, stack_file: Path) -> str:
+    """What `aligner up` prints once it is up: the URLs and where the operator token is (not the token: terminals,
+    logs and screen shares keep what is printed)."""
+    api = urls["api_base"]
+    return (
+        f"\nAligner is up (Ctrl-C stops it):\n  API     {api}  (docs: {api}/docs)"
+        f"\n  UI      {urls['ui_url']}  (sign in with the operator token)"
+        f"\n  reward  {urls['reward_url'] or '-'}"
+        f'\n  token   in {stack_file} ("token"; readable by you only, expires in {STACK_TOKEN_DAYS} days, replaced'
+        " at the next start)\n"
+        f"  read it: {token_command(stack_file)}\n"
+    )
+
+
+def token_command(stack_file: Path) -> str:
+    """A shell command that prints the token of `stack_file`."""
+    code = 'import json, sys; print(json.load(open(sys.argv[1]))["token"])'
+    return f"python3 -c '{code}' {shlex.quote(str(stack_file))}"
 
 
 # ------------------------------------------------------------------------------------------------- demo job
@@ -333,17 +380,11 @@ def run(args) -> None:
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         urls = stack.start()
-        api = urls["api_base"]
-        print(
-            f"\nAligner is up (Ctrl-C stops it):\n  API     {api}  (docs: {api}/docs)"
-            f"\n  UI      {urls['ui_url']}  (sign in with the token)"
-            f"\n  reward  {urls['reward_url'] or '-'}\n  token   {urls['token']}"
-            f"\n  written to {data_dir / STACK_FILE}\n",
-            flush=True,
-        )
+        print(banner(urls, data_dir / STACK_FILE), flush=True)
         if demo_dir is not None:
             job_id = submit_demo_job(urls, demo_dir)
-            _status(f"demo job {job_id} submitted; follow it: curl -N -H 'Authorization: Bearer {urls['token']}' "
+            header = f"Authorization: Bearer $({token_command(data_dir / STACK_FILE)})"
+            _status(f'demo job {job_id} submitted; follow it: curl -N -H "{header}" '
                     f"{urls['api_url']}/api/v1/jobs/{job_id}/events")  # fmt: skip
             job = follow_job(urls, job_id, stop)
             if job:

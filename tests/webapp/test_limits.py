@@ -9,9 +9,10 @@ import uuid
 import pytest
 from sqlalchemy import select
 
+from aligner.errors import ConfigError
 from tests.helpers.api import bearer, both_backends, create_job
 from webapp import create_app
-from webapp.db import Checkpoint, Job, User, create_token, transition
+from webapp.db import ApiToken, Checkpoint, Job, User, create_token, revoke_token, transition
 from webapp.extensions import db
 from webapp.limits import EXTENSION
 from webapp.queues import InMemoryQueue
@@ -45,11 +46,29 @@ def test_failed_signins_are_throttled_per_address_with_retry_after(app, client, 
     [reason] = response.json["errors"]["Authorization"]
     assert reason.startswith("10 requests without a valid token within 1 minute; retry after ")
 
-    # The address is throttled, a valid token or not; other addresses and /health are not.
-    assert client.get(DATASETS, headers=bearer(token)).status_code == 429
+    # Its failed attempts are refused; other addresses and /health are not throttled.
+    assert client.get(DATASETS, headers=bad[3]).status_code == 429
     assert client.get(JOBS, headers=bearer(token), environ_base=ELSEWHERE).status_code == 200
     assert client.get(JOBS, headers=bad[1], environ_base=ELSEWHERE).status_code == 401
     assert client.get("/api/v1/health").status_code == 200
+
+
+def test_a_valid_token_is_served_whatever_its_addresss_failures(app, client, token, admin_token, db_session):
+    """Throttling refuses failed attempts only: a valid token is served from an address that used up its failures,
+    and its requests count nothing; the same token once revoked is a failure like any other."""
+    for _ in range(10):
+        assert client.get(JOBS, headers={"Authorization": "Bearer alg_wrong"}).status_code == 401
+    assert client.get(JOBS, headers={"Authorization": "Bearer alg_wrong"}).status_code == 429
+    assert client.get(JOBS).status_code == 429  # no token at all is a failed attempt too
+    for _ in range(20):
+        assert client.get(JOBS, headers=bearer(token)).status_code == 200
+        assert client.get("/api/v1/admin/jobs", headers=bearer(token)).status_code == 403  # signed in: no failure
+    assert client.get("/api/v1/me", headers=bearer(admin_token)).status_code == 200
+    with db_session() as session:
+        revoke_token(session, session.scalar(select(ApiToken.id).join(User).where(User.name == "alice")))
+    revoked = client.get(JOBS, headers=bearer(token))
+    assert revoked.status_code == 429 and revoked.headers["Retry-After"]
+    assert client.get(JOBS, headers=bearer(token), environ_base=ELSEWHERE).status_code == 401
 
 
 def _app(tmp_path, **config):
@@ -58,6 +77,35 @@ def _app(tmp_path, **config):
     with app.app_context():
         db.create_all()
     return app
+
+
+def test_behind_trusted_proxies_each_forwarded_client_has_its_own_failure_budget(tmp_path, monkeypatch):
+    """ALIGNER_TRUSTED_PROXIES=N: the client address is the Nth entry of X-Forwarded-For from the right (werkzeug's
+    ProxyFix); entries further left are the client's own say and change nothing. Without it the header is ignored."""
+
+    def failures(client, *chains: str) -> list[int]:
+        return [client.get(JOBS, headers={"X-Forwarded-For": chain}).status_code for chain in chains]
+
+    direct = _app(tmp_path / "a", SIGNIN_FAILURE_LIMIT="2/minute").test_client()
+    assert failures(direct, "203.0.113.1", "203.0.113.2", "203.0.113.3") == [401, 401, 429]
+
+    monkeypatch.setenv("ALIGNER_TRUSTED_PROXIES", "1")
+    service_settings.cache_clear()
+    app = _app(tmp_path / "b", SIGNIN_FAILURE_LIMIT="2/minute")
+    assert app.config["TRUSTED_PROXIES"] == 1
+    proxied = app.test_client()
+    assert failures(proxied, "203.0.113.1", "1.1.1.1, 203.0.113.1", "2.2.2.2, 203.0.113.1") == [401, 401, 429]
+    assert failures(proxied, "203.0.113.2", "203.0.113.2", "203.0.113.1") == [401, 401, 429]
+    assert failures(proxied, "198.51.100.1, 203.0.113.3") == [401]  # its own budget, behind the proxy's address
+
+    two_hops = _app(tmp_path / "c", SIGNIN_FAILURE_LIMIT="2/minute", TRUSTED_PROXIES=2).test_client()
+    assert failures(two_hops, "9.9.9.9, 10.0.0.5", "8.8.8.8, 10.0.0.5", "9.9.9.9, 10.0.0.6") == [401, 401, 401]
+    assert failures(two_hops, "9.9.9.9, 10.0.0.7") == [429]
+
+    monkeypatch.setenv("ALIGNER_TRUSTED_PROXIES", "-1")
+    service_settings.cache_clear()
+    with pytest.raises(ConfigError, match="ALIGNER_TRUSTED_PROXIES='-1' is not valid"):
+        _app(tmp_path / "d")
 
 
 def test_limits_come_from_the_environment(tmp_path, monkeypatch):

@@ -8,8 +8,21 @@ import time
 import zipfile
 from pathlib import Path
 
+from sqlalchemy import select
+
 from tests.helpers.api import bearer, both_backends, create_job
-from webapp.db import Checkpoint, Job, Metric, Sample, add_event, transition
+from webapp.db import (
+    ApiToken,
+    Checkpoint,
+    Job,
+    Metric,
+    Sample,
+    User,
+    add_event,
+    create_token,
+    revoke_token,
+    transition,
+)
 
 
 def parse_sse(text: str) -> list[dict]:
@@ -205,3 +218,38 @@ def test_event_ids_are_per_job(client, token, config, db_session):
         transition(session, session.get(Job, first["id"]), "cancelled")
     response = client.get(f"/api/v1/jobs/{first['id']}/events?timeout=5", headers=bearer(token))
     assert [e["data"]["status"] for e in parse_sse(response.get_data(as_text=True))] == ["queued", "cancelled"]
+
+
+@both_backends
+def test_an_open_event_stream_ends_once_its_token_is_revoked_or_expired(app, client, token, config, db_session):
+    """Signing in once is not enough for a stream that may run for hours: each poll checks the token again, and a
+    revoked or expired one gets no event written after that."""
+    job = create_job(client, token, config)
+    url = f"/api/v1/jobs/{job['id']}/events?timeout=10"
+    with db_session() as session:
+        transition(session, session.get(Job, job["id"]), "running")
+        token_id = session.scalar(select(ApiToken.id).join(User).where(User.name == "alice"))
+
+    response = client.get(url, headers=bearer(token), buffered=False)
+    chunks = response.iter_encoded()
+    text = ""
+    while text.count("event: status") < 2:  # queued, running
+        text += next(chunks).decode()
+    with db_session() as session:
+        revoke_token(session, token_id)
+        add_event(session, job["id"], "log", {"message": "after the revocation"})
+    started = time.monotonic()
+    text += b"".join(chunks).decode()
+    assert time.monotonic() - started < 2  # well before the 10 s timeout
+    assert "after the revocation" not in text and text.endswith(": signed out (the token was revoked or expired)\n\n")
+    assert client.get(url, headers=bearer(token)).status_code == 401
+
+    with db_session() as session:
+        short = create_token(session, "alice", "short-lived", expires_days=1 / 86400)  # 1 s
+    started = time.monotonic()
+    response = client.get(url, headers=bearer(short), buffered=False)
+    assert response.status_code == 200
+    text = b"".join(response.iter_encoded()).decode()
+    assert "after the revocation" in text  # served while the token lived...
+    assert text.endswith(": signed out (the token was revoked or expired)\n\n")  # ...ended at its expiry
+    assert time.monotonic() - started < 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from sqlalchemy import select
 
 from aligner.demo.templates import CONFIG_TEMPLATE
 from tests.helpers.api import bearer
@@ -174,6 +176,7 @@ def test_up_runs_a_job_end_to_end_and_stops_every_child(tmp_path, tiny_policy_di
         output, _ = up.communicate(timeout=90)
     assert up.returncode == 0, output
     assert "stopped" in output
+    assert stack["token"] not in output and f"in {data_dir / 'stack.json'}" in output  # where it is, never itself
     own_redis = "ALIGNER_BROKER_URL" not in env
     if own_redis:  # what it prints names its Redis without the password
         password = (data_dir / "redis" / "redis.conf").read_text().split()[1]
@@ -198,6 +201,43 @@ def _start_redis(command: list[str], port: int, password: str) -> subprocess.Pop
             assert proc.poll() is None, "redis-server exited"
             assert time.monotonic() < deadline, "redis-server did not start"
             time.sleep(0.05)
+
+
+def test_each_start_makes_an_expiring_operator_token_revokes_the_earlier_ones_and_prints_none(tmp_path):
+    """`aligner up`'s token (Stack._token): one live at a time, with an expiry; written to stack.json (0600, whole
+    or not at all), and the banner says where it is rather than what it is."""
+    from webapp import db
+    from webapp.stack import STACK_TOKEN_DAYS, Stack, banner, token_command, write_private_json
+
+    url = f"sqlite:///{tmp_path / 'aligner.db'}"
+    engine = db.make_engine(url)
+    db.Base.metadata.create_all(engine)
+    factory = db.make_session_factory(engine)
+    with db.session_scope(factory) as session:
+        own = db.create_token(session, "admin", "scripts", admin=True)  # `aligner token create`: not the stack's
+    stack = Stack(tmp_path)
+    stack.env["ALIGNER_DATABASE_URL"] = url
+    first, second = stack._token(), stack._token()
+    with db.session_scope(factory) as session:
+        assert db.user_for_token(session, first) is None
+        assert db.user_for_token(session, second).is_admin and db.user_for_token(session, own) is not None
+        expires = session.scalar(select(db.ApiToken.expires_at).order_by(db.ApiToken.id.desc()))
+    left = expires.replace(tzinfo=dt.UTC) - dt.datetime.now(dt.UTC)
+    days = dt.timedelta(days=STACK_TOKEN_DAYS)
+    assert days - dt.timedelta(minutes=1) < left <= days
+    engine.dispose()
+
+    stack_file = tmp_path / "stack.json"
+    stack_file.write_text("{}")
+    stack_file.chmod(0o644)  # one left by an older version
+    write_private_json(stack_file, {"token": second})
+    assert stat.S_IMODE(stack_file.stat().st_mode) == 0o600 and sorted(p.name for p in tmp_path.glob("*stack*")) == [
+        "stack.json"
+    ]
+    shown = banner({"api_base": "http://h/api/v1", "ui_url": "http://h:2", "reward_url": None}, stack_file)
+    assert second not in shown and f"token   in {stack_file}" in shown
+    read = subprocess.run(token_command(stack_file), shell=True, capture_output=True, text=True, check=True)
+    assert read.stdout.strip() == second
 
 
 def test_the_embedded_broker_keeps_a_queued_job_through_a_sigkill(tmp_path):

@@ -568,3 +568,64 @@ def test_the_ui_knows_the_apis_kinds():
     model = {"name": "tiny-sft", "architecture": "LlamaForCausalLM", "num_parameters": 1_200_000,
              "size_bytes": 4_800_000, "kind": "policy"}  # fmt: skip
     assert catalogue.model_label(model) == "tiny-sft — LlamaForCausalLM, 1.2M params, 4.8 MB"
+
+
+def test_the_dashboard_forwards_each_browsers_address_so_one_browsers_failures_spare_the_others(app, api_url, token):
+    """The API trusts one proxy (the dashboard, ALIGNER_TRUSTED_PROXIES=1): each browser's failed sign-ins count
+    against its own address, a valid token is served anyway, and what a browser writes into X-Forwarded-For itself
+    changes nothing. Events run through Gradio's own processing (process_api), which is what makes the browser's
+    request visible to the handler."""
+    import asyncio
+
+    from starlette.requests import Request
+    from werkzeug.middleware.proxy_fix import ProxyFix
+
+    app.config["SIGNIN_FAILURE_LIMIT"] = "10 per minute"
+    app.wsgi_app = ProxyFix(app.wsgi_app, x_for=1)  # what create_app does with TRUSTED_PROXIES=1
+    with gr.Blocks() as blocks:
+        session, _sign_in = tabs.header(api_url)
+        typed, answer, chain = gr.Textbox(), gr.Textbox(), gr.Textbox()
+        gr.Button().click(lambda t: session.sign_in(t)[1], [typed], [answer])
+        gr.Button().click(lambda: tabs.forwarded_for() or "", None, [chain])
+
+    def event(fn_index: int, inputs: list, host: str, forwarded: str | None = None) -> str:
+        headers = [(b"x-forwarded-for", forwarded.encode())] if forwarded else []
+        scope = {"type": "http", "method": "POST", "path": "/", "headers": headers, "client": (host, 50000)}
+        request = gr.Request(Request(scope))
+        body = asyncio.run(blocks.process_api(block_fn=fn_index, inputs=inputs, state=None, request=request))
+        return body["data"][0]
+
+    sign_in, show_chain = (fn._id for fn in blocks.fns.values())
+    assert event(show_chain, [], "198.51.100.1") == "198.51.100.1"
+    assert event(show_chain, [], "198.51.100.1", "203.0.113.9") == "203.0.113.9, 198.51.100.1"
+    assert tabs.forwarded_for() is None  # outside an event
+
+    for i in range(10):  # the first browser mistypes, claiming a fresh address each time: it counts as itself
+        assert event(sign_in, ["alg_typo"], "198.51.100.1", f"203.0.113.{i}") == "Sign-in failed: Unauthorized"
+    assert event(sign_in, ["alg_typo"], "198.51.100.1") == "Sign-in failed: Too many failed sign-ins from this address"
+    assert event(sign_in, [token], "198.51.100.1") == "Signed in as **alice**."  # a valid token is served
+    assert event(sign_in, ["alg_typo"], "198.51.100.2") == "Sign-in failed: Unauthorized"  # another browser
+    assert event(sign_in, [token], "198.51.100.2") == "Signed in as **alice**."
+
+
+def test_the_dashboard_refuses_an_upload_over_the_cap(tmp_path, monkeypatch):
+    """Gradio's /gradio_api/upload answers anyone who reaches the dashboard: each file is capped at
+    ALIGNER_MAX_UPLOAD_BYTES (413 past it), and the cached uploads are deleted after an hour."""
+    from aligner.processes import free_port
+    from webapp.settings import service_settings
+
+    monkeypatch.setenv("ALIGNER_MAX_UPLOAD_BYTES", "1000")
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
+    service_settings.cache_clear()
+    app = ui.build_app("http://127.0.0.1:9", tmp_path)
+    assert app.delete_cache == (3600, 3600)
+    port = free_port()
+    ui.launch(app, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
+    try:
+        url = f"http://127.0.0.1:{port}/gradio_api/upload"
+        small = requests.post(url, files={"files": ("p.jsonl", b"x" * 900)}, timeout=30)
+        assert small.status_code == 200 and len(small.json()) == 1
+        large = requests.post(url, files={"files": ("p.jsonl", b"x" * 5000)}, timeout=30)
+        assert large.status_code == 413 and "maximum allowed size" in large.text
+    finally:
+        app.close()

@@ -30,7 +30,8 @@ def build_app(api_url: str, data_dir: Path | None = None):
     from webapp.ui import compare, job_page, jobs_tab, new_job, samples, tabs
     from webapp.ui.form import presets
 
-    with gr.Blocks(title="Aligner") as app:
+    # Gradio keeps every upload in its cache: files an hour old go, hourly (a dataset is posted to the API at once).
+    with gr.Blocks(title="Aligner", delete_cache=(3600, 3600)) as app:
         session, sign_in = tabs.header(api_url)
         with gr.Tabs():
             jobs_table = jobs_tab.jobs_tab(session)
@@ -43,11 +44,23 @@ def build_app(api_url: str, data_dir: Path | None = None):
     return app
 
 
+def launch(app, host: str, port: int, **kwargs):
+    """Serve the dashboard `app` (build_app's) on `host`:`port`; `kwargs` go to Gradio's launch.
+
+    Gradio's `/gradio_api/upload` takes files from anyone who reaches the dashboard, signed in or not (its only
+    sign-in is its own `auth`, which the dashboard does not use: it signs in with API tokens): each file is capped
+    at ALIGNER_MAX_UPLOAD_BYTES (413 past it), the API's own cap on a dataset.
+    """
+    from webapp.settings import service_settings
+
+    app.queue(default_concurrency_limit=8)
+    return app.launch(server_name=host, server_port=port, ssr_mode=False, css=CSS, footer_links=[], show_error=True,
+                      max_file_size=service_settings().max_upload_bytes, **kwargs)  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> None:
     """The `aligner ui` command: serve the dashboard until Ctrl-C."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home (and none possible offline)
     private_files()  # the downloads it keeps for the browser are its user's only (webapp/private.py)
     data_dir = Path(args.data_dir).expanduser().resolve() if args.data_dir else None
-    app = build_app(args.api_url, data_dir)
-    app.queue(default_concurrency_limit=8)
-    app.launch(server_name=args.host, server_port=args.port, ssr_mode=False, css=CSS, footer_links=[], show_error=True)
+    launch(build_app(args.api_url, data_dir), args.host, args.port)

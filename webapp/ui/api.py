@@ -25,7 +25,7 @@ class ApiError(AlignerError, RuntimeError):
     @property
     def rejected(self) -> bool:
         """The token is no good (wrong, expired or revoked): asking again with it only counts as a failed sign-in,
-        and enough of those get the whole address throttled (429)."""
+        and enough of those get the address's failed attempts refused (429)."""
         return self.status == 401
 
     def describe(self) -> str:
@@ -39,11 +39,15 @@ class ApiError(AlignerError, RuntimeError):
 
 
 class Api:
-    """The REST API at `base_url` (e.g. http://127.0.0.1:5000) as one user (`token`)."""
+    """The REST API at `base_url` (e.g. http://127.0.0.1:5000) as one user (`token`), for the browser whose
+    `X-Forwarded-For` chain is `forwarded_for` (the API heeds it only when it trusts the dashboard as a proxy:
+    ALIGNER_TRUSTED_PROXIES, docs/security.md)."""
 
-    def __init__(self, base_url: str, token: str):
+    def __init__(self, base_url: str, token: str, forwarded_for: str | None = None):
         self.base = base_url.rstrip("/") + "/api/v1"
         self.headers = {"Authorization": f"Bearer {token}"}
+        if forwarded_for:
+            self.headers["X-Forwarded-For"] = forwarded_for
 
     def request(self, method: str, path: str, timeout: float = TIMEOUT_S, **kwargs) -> requests.Response:
         try:

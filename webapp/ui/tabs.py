@@ -1,9 +1,10 @@
 """The dashboard's Gradio layout: the sign-in header, then one builder per tab that lays it out and wires its events.
 
 A token the API rejects (401: wrong, expired or revoked) is dropped at once, signing the tab out: asking again with it
-would only count as failed sign-ins, and enough of those get the whole address throttled (429). The timer's first
-event refreshes the Jobs table and drops such a token; every other refresh on the timer runs after it
-(Session.every_tick), so a rejected token costs one request, not one per tab and tick.
+would only count as failed sign-ins, and enough of those get the address's failed attempts refused (429). The timer's
+first event refreshes the Jobs table and drops such a token; every other refresh on the timer runs after it
+(Session.every_tick), so a rejected token costs one request, not one per tab and tick. The API sees each browser's
+address, not the dashboard's, when it trusts the dashboard as a proxy (`forwarded_for`).
 
 No `from __future__ import annotations` here: Gradio reads a handler's `gr.SelectData` hint as a class, not a string.
 """
@@ -38,7 +39,7 @@ class Session:
     def api(self, token: str | None) -> Api:
         if not token:
             raise ApiError(401, "sign in with your API token first")
-        return Api(self.api_url, token)
+        return Api(self.api_url, token, forwarded_for())
 
     @property
     def auth_outputs(self) -> list:
@@ -57,8 +58,9 @@ class Session:
         """[token, sign-in line, Jobs table]: the token kept when the API knows it (GET /me)."""
         token = (token or "").strip()
         try:
-            me = Api(self.api_url, token).get("/me")
-            table = jobs_frame(Api(self.api_url, token).get("/jobs", per_page=100), selected=job_id_of(selected))
+            api = Api(self.api_url, token, forwarded_for())
+            me = api.get("/me")
+            table = jobs_frame(api.get("/jobs", per_page=100), selected=job_id_of(selected))
         except ApiError as err:
             return ["", f"Sign-in failed: {err.message}", gr.update()]
         return [token, f"Signed in as **{me['name']}**{' (admin)' if me['is_admin'] else ''}.", table]
@@ -93,6 +95,26 @@ class Session:
         selected = tab.select(lambda: tab_id, None, self.open_tab, show_progress="hidden")
         if refresh is not None:
             selected.then(refresh, inputs, outputs, show_progress="hidden")
+
+
+def forwarded_for() -> str | None:
+    """The `X-Forwarded-For` to send the API for the browser whose event runs now: the chain that reached the
+    dashboard with the address it came from appended, as every proxy does (None outside a Gradio event).
+
+    Gradio keeps the event's request in a context variable while the handler runs (gradio.context.LocalContext,
+    tests/webapp/test_ui.py pins it). Left of the appended address the chain is whatever the client sent: the API
+    reads only as many entries from the right as it has proxies it trusts (ALIGNER_TRUSTED_PROXIES).
+    """
+    from gradio.context import LocalContext
+
+    request = LocalContext.request.get(None)
+    client = getattr(request, "client", None) if request is not None else None
+    host = getattr(client, "host", None)
+    if not host:
+        return None
+    headers = {str(name).lower(): value for name, value in dict(request.headers).items()}
+    prior = headers.get("x-forwarded-for", "").strip()
+    return f"{prior}, {host}" if prior else host
 
 
 @dataclass
