@@ -35,7 +35,8 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 class LoraConfig(Section):
     """LoRA adapters (peft, the `lora` extra): train low-rank updates of some layers instead of every weight."""
 
-    r: int = Field(0, ge=0, description="Rank of the adapters; 0 turns LoRA off and trains every weight.")
+    # No layer is wider than this: a rank past it is a mistake (the service's own cap is lower, webapp/job_config.py).
+    r: int = Field(0, ge=0, le=65_536, description="Rank of the adapters; 0 turns LoRA off and trains every weight.")
     alpha: float = Field(16.0, gt=0, description="Scale of the adapters' update: alpha / r.")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input during training.")
     target_modules: list[str] = Field(
@@ -262,6 +263,7 @@ class GenerationConfig(Section):
     kv_cache_memory_mb: int = Field(
         256,
         ge=1,
+        le=16 * 1024 * 1024,  # 16 TiB: more than any one machine holds (the service's cap is lower)
         description="engine vllm only: memory vLLM reserves for its KV cache, in MiB (RAM on the CPU, GPU memory on "
         "CUDA, beside the trainer's). It bounds the tokens held at once: 2 x layers x KV heads x head size x dtype "
         "bytes each (SmolLM2-135M in bf16: 22.5 KiB, so 256 MiB hold about 11,600 tokens).",
