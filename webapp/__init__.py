@@ -1,4 +1,6 @@
 """The training service's REST API (Flask + APIFlask); the Gradio dashboard (webapp/ui/, `aligner ui`) is its client.
+`create_app` makes its process non-dumpable (`aligner.processes.hide_from_children`): other processes of its user,
+the reward tries it starts among them, cannot read its /proc/PID/environ.
 
     flask --app webapp run                   # development server (threaded), http://127.0.0.1:5000/api/v1/docs
     gunicorn -k gthread --threads 8 -w 2 'webapp:create_app()'
@@ -57,6 +59,7 @@ def create_app(test_config: dict[str, Any] | None = None):
     offline: webapp/docs_assets.py)."""
     from apiflask import APIFlask
 
+    from aligner.processes import hide_from_children
     from webapp import (
         account,
         admin,
@@ -76,6 +79,8 @@ def create_app(test_config: dict[str, Any] | None = None):
     from webapp.rewards_try import TRY_TIMEOUT_S
     from webapp.settings import service_settings
 
+    # The API's environment holds the database and broker credentials; the reward tries it starts run as its user.
+    hide_from_children()
     version = _version()
     app = APIFlask(
         __name__,
