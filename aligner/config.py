@@ -829,10 +829,29 @@ def _format_errors(err: ValidationError) -> str:
     return "invalid config:\n" + "\n".join(f"  {line}" for line in validation_error_lines(err))
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses aliases (`*name`): nine nested aliases of nine make a billion strings from a few
+    hundred bytes (the "billion laughs"), and a config never needs one."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases (*{event.anchor}) are not accepted: write the value out", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str) -> Any:
+    """YAML text as Python data, as every config is read (files, `--set`, the dashboard's advanced box): safe types
+    only, and no aliases (yaml.YAMLError naming the line)."""
+    return yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader: safe types only
+
+
 def _parse_scalar(text: str) -> Any:
     """`--set` values are YAML scalars/lists: 8 -> int, 1e-5 -> float, true -> bool, [a, b] -> list."""
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text)
     except yaml.YAMLError:
         return text
     # YAML 1.1 reads "1e-5" as a string; users mean a float.
@@ -905,7 +924,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None, schema: ty
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
     if not isinstance(data, dict):
