@@ -44,8 +44,16 @@ from aligner.errors import AlignerError, ConfigError
 from aligner.generation.engines import VLLM_EXTRA, vllm_available
 from aligner.rewards.builtins import BUILTIN_REWARDS, validate_builtin_params
 from aligner.servers.launch import check_critic_overrides
-from webapp.catalogue import find_dataset, find_model, find_server, reward_target
-from webapp.db import ALGORITHMS, CRITIC, POLICY, REWARD, TOKENIZER, CatalogueModel, Job, User
+from webapp.catalogue import (
+    DATASETS_DIR,
+    dataset_file,
+    find_dataset,
+    find_model,
+    find_server,
+    reward_target,
+    visible_datasets,
+)
+from webapp.db import ALGORITHMS, CRITIC, POLICY, REWARD, TOKENIZER, CatalogueModel, Dataset, Job, User
 from webapp.settings import service_settings, variable_of
 
 # Sizes (and waits) a single job may ask for; an operator changes them with ALIGNER_JOB_LIMITS or the app's JOB_LIMITS.
@@ -442,9 +450,22 @@ def _stored(train: TrainConfig, names: dict[str, Any]) -> dict[str, Any]:
     return stored
 
 
-def confinement_errors(train: TrainConfig, session: Session, dataset_files: list[Path]) -> dict[str, list[str]]:
-    """Every path the trainer will read resolves (symlinks too) inside a catalogue model's folder or is one of the
-    owner's dataset files: what the names were turned into is checked once more, as it will be opened."""
+def _dataset_file_allowed(session: Session, user: User, data_dir: Path, path: Path) -> bool:
+    """`path` (resolved) is inside DATA_DIR/datasets and is the file of a dataset `user` may use (theirs or shared),
+    and of no dataset they may not: a row of theirs edited to name another user's file is refused."""
+    if not path.is_relative_to((data_dir / DATASETS_DIR).resolve()):
+        return False
+    # Rows naming a file of this name (however spelt: ../ and all), then only those that resolve to it.
+    named = select(Dataset).where(Dataset.path.endswith(path.name, autoescape=True))
+    rows = [row for row in session.scalars(named) if dataset_file(data_dir, row) == path]
+    visible = set(session.scalars(select(Dataset.id).where(visible_datasets(user))))
+    return bool(rows) and all(row.id in visible for row in rows)
+
+
+def confinement_errors(train: TrainConfig, session: Session, user: User, data_dir: Path) -> dict[str, list[str]]:
+    """Every path the trainer will read resolves (symlinks too) inside a catalogue model's folder or is the file of a
+    dataset `user` may use, inside DATA_DIR/datasets: what the names were turned into is checked once more, against
+    the database as it is now, as it will be opened."""
     roots = [Path(path) for path in session.scalars(select(CatalogueModel.path))]
     errors: dict[str, list[str]] = {}
     resolved = train.model_dump()
@@ -456,7 +477,10 @@ def confinement_errors(train: TrainConfig, session: Session, dataset_files: list
         if value is None:
             continue
         path = Path(value).resolve()
-        inside = path in dataset_files if what == "dataset" else any(path.is_relative_to(root) for root in roots)
+        if what == "dataset":
+            inside = _dataset_file_allowed(session, user, data_dir, path)
+        else:
+            inside = any(path.is_relative_to(root) for root in roots)
         if not inside:
             errors[f"config.{api_field}"] = [_not_found(api_field, what, "(as resolved)")]
     return errors
@@ -519,8 +543,7 @@ def validate_job_config(
     errors |= _engine_errors(train)
     if errors:
         return errors
-    dataset_files = [Path(train.data.train_file).resolve(), Path(train.data.val_file).resolve()]
-    errors = confinement_errors(train, session, dataset_files)
+    errors = confinement_errors(train, session, user, data_dir)
     return errors or JobConfig(train, _stored(train, names))
 
 
