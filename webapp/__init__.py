@@ -15,6 +15,7 @@ their defaults are listed in docs/service.md, "Environment variables"):
     JOB_LIMITS             per-job caps over webapp.job_config's, e.g. {"model.num_threads": 8}, over settings' ones
     SSE_POLL_INTERVAL, SSE_HEARTBEAT_INTERVAL   seconds (0.25, 15)
     TRY_TIMEOUT_S          seconds a reward try (POST /rewards/try, a job's dry run) may run (120), then 422
+    TRY_THREADS            torch threads all tries of this process may use at once (settings' try_threads), then 503
 
 Limits (webapp/limits.py, docs/security.md "Limits"), each defaulting to its field of the settings:
 
@@ -100,6 +101,7 @@ def create_app(test_config: dict[str, Any] | None = None):
         SSE_POLL_INTERVAL=0.25,
         SSE_HEARTBEAT_INTERVAL=15.0,
         TRY_TIMEOUT_S=TRY_TIMEOUT_S,
+        TRY_THREADS=service_settings().try_threads,
         **limits.config_defaults(),
         API_VERSION=version,
         DESCRIPTION=API_DESCRIPTION,
