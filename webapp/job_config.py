@@ -104,7 +104,7 @@ class ProductLimit:
         return list(dict.fromkeys(field for fields in self.factors for field in fields))
 
     def formula(self) -> str:
-        """ "a x (b + c) x min(d, e)"."""
+        """The rule as its error shows it, e.g. `min(a, b) x c x (d + e)`."""
         shown = []
         for i, fields in enumerate(self.factors):
             if i < len(self.smallest) and self.smallest[i]:
@@ -458,8 +458,9 @@ def _dataset_file_allowed(session: Session, user: User, data_dir: Path, path: Pa
     # Rows naming a file of this name (however spelt: ../ and all), then only those that resolve to it.
     named = select(Dataset).where(Dataset.path.endswith(path.name, autoescape=True))
     rows = [row for row in session.scalars(named) if dataset_file(data_dir, row) == path]
-    visible = set(session.scalars(select(Dataset.id).where(visible_datasets(user))))
-    return bool(rows) and all(row.id in visible for row in rows)
+    ids = {row.id for row in rows}
+    visible = set(session.scalars(select(Dataset.id).where(Dataset.id.in_(ids), visible_datasets(user))))
+    return bool(ids) and ids == visible
 
 
 def confinement_errors(train: TrainConfig, session: Session, user: User, data_dir: Path) -> dict[str, list[str]]:
