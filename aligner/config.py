@@ -35,7 +35,8 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 class LoraConfig(Section):
     """LoRA adapters (peft, the `lora` extra): train low-rank updates of some layers instead of every weight."""
 
-    r: int = Field(0, ge=0, description="Rank of the adapters; 0 turns LoRA off and trains every weight.")
+    # No layer is wider than this: a rank past it is a mistake (the service's own cap is lower, webapp/job_config.py).
+    r: int = Field(0, ge=0, le=65_536, description="Rank of the adapters; 0 turns LoRA off and trains every weight.")
     alpha: float = Field(16.0, gt=0, description="Scale of the adapters' update: alpha / r.")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input during training.")
     target_modules: list[str] = Field(
@@ -262,6 +263,7 @@ class GenerationConfig(Section):
     kv_cache_memory_mb: int = Field(
         256,
         ge=1,
+        le=16 * 1024 * 1024,  # 16 TiB: more than any one machine holds (the service's cap is lower)
         description="engine vllm only: memory vLLM reserves for its KV cache, in MiB (RAM on the CPU, GPU memory on "
         "CUDA, beside the trainer's). It bounds the tokens held at once: 2 x layers x KV heads x head size x dtype "
         "bytes each (SmolLM2-135M in bf16: 22.5 KiB, so 256 MiB hold about 11,600 tokens).",
@@ -827,10 +829,29 @@ def _format_errors(err: ValidationError) -> str:
     return "invalid config:\n" + "\n".join(f"  {line}" for line in validation_error_lines(err))
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses aliases (`*name`): nine nested aliases of nine make a billion strings from a few
+    hundred bytes (the "billion laughs"), and a config never needs one."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases (*{event.anchor}) are not accepted: write the value out", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str) -> Any:
+    """YAML text as Python data, as every config is read (files, `--set`, the dashboard's advanced box): safe types
+    only, and no aliases (yaml.YAMLError naming the line)."""
+    return yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader: safe types only
+
+
 def _parse_scalar(text: str) -> Any:
     """`--set` values are YAML scalars/lists: 8 -> int, 1e-5 -> float, true -> bool, [a, b] -> list."""
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text)
     except yaml.YAMLError:
         return text
     # YAML 1.1 reads "1e-5" as a string; users mean a float.
@@ -903,7 +924,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None, schema: ty
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
     if not isinstance(data, dict):

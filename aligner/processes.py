@@ -1,8 +1,9 @@
 """Process plumbing shared by the trainers, the servers' launcher, the worker and `aligner up` (no torch).
 
-Free ports for child servers, a child that dies with its parent (PR_SET_PDEATHSIG), signals to a child's whole
-process group, and the minimal environment a trainer or critic server started for a job gets. Starting and stopping
-the critic server itself is aligner/servers/launch.py.
+Free ports for child servers, a child that dies with its parent (PR_SET_PDEATHSIG), a service process its children
+cannot read (`hide_from_children`, PR_SET_DUMPABLE: the worker and the API), signals to a child's whole process
+group, and the minimal environment a trainer or critic server started for a job gets. Starting and stopping the
+critic server itself is aligner/servers/launch.py.
 """
 
 from __future__ import annotations
@@ -93,6 +94,22 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         return
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def hide_from_children() -> None:
+    """Linux: no process of this user may read this one's /proc/PID/environ or memory, nor gets a core dump of it.
+
+    A trainer or a reward try runs as the service's user, and such a process may otherwise read the worker's or the
+    API's environment, which holds the database and broker credentials that its own (`minimal_env`) leaves out. This
+    sets PR_SET_DUMPABLE to 0, which forks inherit; an exec sets it back, so the children stay ordinary processes.
+    Root still reads everything.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0)  # 4 = PR_SET_DUMPABLE
 
 
 def signal_group(proc: subprocess.Popen, sig: int) -> None:

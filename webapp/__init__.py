@@ -1,4 +1,6 @@
 """The training service's REST API (Flask + APIFlask); the Gradio dashboard (webapp/ui/, `aligner ui`) is its client.
+`create_app` makes its process non-dumpable (`aligner.processes.hide_from_children`): other processes of its user,
+the reward tries it starts among them, cannot read its /proc/PID/environ.
 
     flask --app webapp run                   # development server (threaded), http://127.0.0.1:5000/api/v1/docs
     gunicorn -k gthread --threads 8 -w 2 'webapp:create_app()'
@@ -16,6 +18,7 @@ their defaults are listed in docs/service.md, "Environment variables"):
     TRUSTED_PROXIES        proxies in front of the API (0): with N > 0 the client address (sign-in throttling) is
                            the one the Nth proxy from the API saw (X-Forwarded-For, werkzeug's ProxyFix)
     TRY_TIMEOUT_S          seconds a reward try (POST /rewards/try, a job's dry run) may run (120), then 422
+    TRY_THREADS            torch threads all tries of this process may use at once (settings' try_threads), then 503
 
 Limits (webapp/limits.py, docs/security.md "Limits"), each defaulting to its field of the settings:
 
@@ -61,6 +64,7 @@ def create_app(test_config: dict[str, Any] | None = None):
     from apiflask import APIFlask
     from werkzeug.middleware.proxy_fix import ProxyFix
 
+    from aligner.processes import hide_from_children
     from webapp import (
         account,
         admin,
@@ -81,6 +85,8 @@ def create_app(test_config: dict[str, Any] | None = None):
     from webapp.rewards_try import TRY_TIMEOUT_S
     from webapp.settings import service_settings
 
+    # The API's environment holds the database and broker credentials; the reward tries it starts run as its user.
+    hide_from_children()
     version = _version()
     app = APIFlask(
         __name__,
@@ -101,6 +107,7 @@ def create_app(test_config: dict[str, Any] | None = None):
         SSE_HEARTBEAT_INTERVAL=15.0,
         TRY_TIMEOUT_S=TRY_TIMEOUT_S,
         TRUSTED_PROXIES=service_settings().trusted_proxies,
+        TRY_THREADS=service_settings().try_threads,
         **limits.config_defaults(),
         API_VERSION=version,
         DESCRIPTION=API_DESCRIPTION,

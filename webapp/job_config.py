@@ -21,8 +21,9 @@ swapped for a symlink elsewhere, are refused at launch. Errors come as `{"config
 `logging.mlflow_tracking_uri` is refused (API_REFUSED) and not shown.
 
 Numbers must be finite and within the operator's limits (`job_limits`: JOB_LIMIT_DEFAULTS, overridden by the env
-ALIGNER_JOB_LIMITS, a JSON object, or the app's JOB_LIMITS); `trainer.keep_checkpoints` defaults to
-DEFAULT_KEEP_CHECKPOINTS; `run_dir` is the server's (DATA_DIR/runs/job_<id>).
+ALIGNER_JOB_LIMITS, a JSON object, or the app's JOB_LIMITS), and so must what a step costs in all (PRODUCT_LIMITS:
+e.g. `per_step.generated_tokens`, prompts x rollouts x max_new_tokens, limited under its name like a field);
+`trainer.keep_checkpoints` defaults to DEFAULT_KEEP_CHECKPOINTS; `run_dir` is the server's (DATA_DIR/runs/job_<id>).
 """
 
 from __future__ import annotations
@@ -43,8 +44,16 @@ from aligner.errors import AlignerError, ConfigError
 from aligner.generation.engines import VLLM_EXTRA, vllm_available
 from aligner.rewards.builtins import BUILTIN_REWARDS, validate_builtin_params
 from aligner.servers.launch import check_critic_overrides
-from webapp.catalogue import find_dataset, find_model, find_server, reward_target
-from webapp.db import ALGORITHMS, CRITIC, POLICY, REWARD, TOKENIZER, CatalogueModel, Job, User
+from webapp.catalogue import (
+    DATASETS_DIR,
+    dataset_file,
+    find_dataset,
+    find_model,
+    find_server,
+    reward_target,
+    visible_datasets,
+)
+from webapp.db import ALGORITHMS, CRITIC, POLICY, REWARD, TOKENIZER, CatalogueModel, Dataset, Job, User
 from webapp.settings import service_settings, variable_of
 
 # Sizes (and waits) a single job may ask for; an operator changes them with ALIGNER_JOB_LIMITS or the app's JOB_LIMITS.
@@ -60,12 +69,66 @@ JOB_LIMIT_DEFAULTS: dict[str, int] = {
     "optim.micro_batch_size": 1024,
     "reward.batch_size": 1024,
     "model.num_threads": 64,
+    "model.lora.r": 1024,  # the adapters' rank: a full-rank update of a 4096-wide layer needs no more than 4096
+    "generation.kv_cache_memory_mb": 65_536,  # vLLM's KV cache, reserved at start: 64 GiB
     "trainer.train_samples_to_log": 256,
     "trainer.num_val_prompts": 10_000,
     "trainer.keep_checkpoints": 100,
     "reward.unavailable_timeout_s": 86_400,  # seconds a job waits for a server that went away: a day
     "critic.unavailable_timeout_s": 86_400,
     "validation.extra_rewards": 4,  # how many; each entry's fields have the limits of `reward`'s
+    # Products of the fields above (PRODUCT_LIMITS): what a step costs in all, whatever each factor alone.
+    "per_step.generated_tokens": 16_777_216,  # 2^24: e.g. 512 prompts x 16 rollouts x 2048 new tokens
+    "per_step.sequence_tokens": 33_554_432,  # 2^25 tokens (prompt + response) held for a step's update
+    "generation.tokens_in_flight": 4_194_304,  # 2^22 tokens in the KV cache of one generation batch
+}
+
+
+@dataclass(frozen=True)
+class ProductLimit:
+    """A limit on what a step costs in all: `factors` multiplied, each factor the sum of its fields (the smallest
+    of them, with `smallest`), must be at most the limit of this name in `job_limits`."""
+
+    factors: tuple[tuple[str, ...], ...]
+    what: str
+    smallest: tuple[bool, ...] = ()
+
+    def value(self, config: TrainConfig) -> int:
+        total = 1
+        for i, fields in enumerate(self.factors):
+            values = [_field_value(config, field) for field in fields]
+            total *= min(values) if i < len(self.smallest) and self.smallest[i] else sum(values)
+        return total
+
+    def fields(self) -> list[str]:
+        return list(dict.fromkeys(field for fields in self.factors for field in fields))
+
+    def formula(self) -> str:
+        """The rule as its error shows it, e.g. `min(a, b) x c x (d + e)`."""
+        shown = []
+        for i, fields in enumerate(self.factors):
+            if i < len(self.smallest) and self.smallest[i]:
+                shown.append(f"min({', '.join(fields)})")
+            else:
+                shown.append(f"({' + '.join(fields)})" if len(fields) > 1 else fields[0])
+        return " x ".join(shown)
+
+
+_PROMPTS, _ROLLOUTS = "reinforce.num_prompts_per_step", "reinforce.num_rollouts_per_prompt"
+_LENGTH = ("data.max_prompt_length", "generation.max_new_tokens")
+# Every product rule, in one place: each field is bounded alone (JOB_LIMIT_DEFAULTS), but 4096 prompts x 256 rollouts
+# x 65,536 new tokens (2^36 tokens a step) would hold a worker for ever and its memory with it.
+PRODUCT_LIMITS = {
+    "per_step.generated_tokens": ProductLimit(
+        ((_PROMPTS,), (_ROLLOUTS,), ("generation.max_new_tokens",)), "new tokens generated per step"
+    ),
+    "per_step.sequence_tokens": ProductLimit(((_PROMPTS,), (_ROLLOUTS,), _LENGTH), "tokens held for a step's update"),
+    # A generation batch decodes min(batch_size, prompts) prompts x rollouts at once, each up to its whole length.
+    "generation.tokens_in_flight": ProductLimit(
+        (("generation.batch_size", _PROMPTS), (_ROLLOUTS,), _LENGTH),
+        "tokens in the KV cache of one generation batch",
+        smallest=(True,),
+    ),
 }
 DEFAULT_KEEP_CHECKPOINTS = 3
 INT64_MAX = 2**63 - 1
@@ -214,6 +277,26 @@ def limit_errors(config: TrainConfig, limits: dict[str, int]) -> dict[str, list[
                 errors.setdefault(field, []).append(f"must be at most {limit} on this server (got {value})")
             elif value < -limit:
                 errors.setdefault(field, []).append(f"must be at least {-limit} (got {value})")
+    return errors
+
+
+def _field_value(config: TrainConfig, dotted: str) -> Any:
+    value: Any = config
+    for name in dotted.split("."):
+        value = getattr(value, name)
+    return value
+
+
+def product_errors(config: TrainConfig, limits: dict[str, int]) -> dict[str, list[str]]:
+    """PRODUCT_LIMITS' rules `config` breaks, on the first field of each (the reason names them all and the limit)."""
+    errors: dict[str, list[str]] = {}
+    for name, rule in PRODUCT_LIMITS.items():
+        limit, value = limits.get(name, INT64_MAX), rule.value(config)
+        if value > limit:
+            errors.setdefault(f"config.{rule.fields()[0]}", []).append(
+                f"{rule.formula()} = {value:,} {rule.what}: at most {limit:,} on this server ({name} of the job "
+                "limits); lower one of them"
+            )
     return errors
 
 
@@ -367,9 +450,23 @@ def _stored(train: TrainConfig, names: dict[str, Any]) -> dict[str, Any]:
     return stored
 
 
-def confinement_errors(train: TrainConfig, session: Session, dataset_files: list[Path]) -> dict[str, list[str]]:
-    """Every path the trainer will read resolves (symlinks too) inside a catalogue model's folder or is one of the
-    owner's dataset files: what the names were turned into is checked once more, as it will be opened."""
+def _dataset_file_allowed(session: Session, user: User, data_dir: Path, path: Path) -> bool:
+    """`path` (resolved) is inside DATA_DIR/datasets and is the file of a dataset `user` may use (theirs or shared),
+    and of no dataset they may not: a row of theirs edited to name another user's file is refused."""
+    if not path.is_relative_to((data_dir / DATASETS_DIR).resolve()):
+        return False
+    # Rows naming a file of this name (however spelt: ../ and all), then only those that resolve to it.
+    named = select(Dataset).where(Dataset.path.endswith(path.name, autoescape=True))
+    rows = [row for row in session.scalars(named) if dataset_file(data_dir, row) == path]
+    ids = {row.id for row in rows}
+    visible = set(session.scalars(select(Dataset.id).where(Dataset.id.in_(ids), visible_datasets(user))))
+    return bool(ids) and ids == visible
+
+
+def confinement_errors(train: TrainConfig, session: Session, user: User, data_dir: Path) -> dict[str, list[str]]:
+    """Every path the trainer will read resolves (symlinks too) inside a catalogue model's folder or is the file of a
+    dataset `user` may use, inside DATA_DIR/datasets: what the names were turned into is checked once more, against
+    the database as it is now, as it will be opened."""
     roots = [Path(path) for path in session.scalars(select(CatalogueModel.path))]
     errors: dict[str, list[str]] = {}
     resolved = train.model_dump()
@@ -381,7 +478,10 @@ def confinement_errors(train: TrainConfig, session: Session, dataset_files: list
         if value is None:
             continue
         path = Path(value).resolve()
-        inside = path in dataset_files if what == "dataset" else any(path.is_relative_to(root) for root in roots)
+        if what == "dataset":
+            inside = _dataset_file_allowed(session, user, data_dir, path)
+        else:
+            inside = any(path.is_relative_to(root) for root in roots)
         if not inside:
             errors[f"config.{api_field}"] = [_not_found(api_field, what, "(as resolved)")]
     return errors
@@ -439,11 +539,12 @@ def validate_job_config(
         return errors
     if errors:
         return errors
-    errors = limit_errors(train, job_limits(limits)) | _engine_errors(train)
+    limits = job_limits(limits)
+    errors = limit_errors(train, limits) or product_errors(train, limits)
+    errors |= _engine_errors(train)
     if errors:
         return errors
-    dataset_files = [Path(train.data.train_file).resolve(), Path(train.data.val_file).resolve()]
-    errors = confinement_errors(train, session, dataset_files)
+    errors = confinement_errors(train, session, user, data_dir)
     return errors or JobConfig(train, _stored(train, names))
 
 

@@ -6,7 +6,10 @@ what its user may use; a missing `data.val_dataset` defaults to the train datase
 capped at TRY_MAX_NEW_TOKENS. The try runs BOUNDED, as the worker runs a trainer: `python -m aligner.cli try-reward
 --json` in its own process group, with `aligner.processes.minimal_env()` (none of the API's credentials) and no
 GPU, killed after TRY_TIMEOUT_S seconds (app config `TRY_TIMEOUT_S`, 120), its output read up to TRY_MAX_OUTPUT
-bytes. A user runs one try at a time in each API process (MAX_TRIES_PER_USER, webapp/limits.py; then 429).
+bytes. A user runs one try at a time in each API process (MAX_TRIES_PER_USER, webapp/limits.py; then 429). A try
+runs min(model.num_threads, TRY_MAX_THREADS) torch threads (TRY_NUM_THREADS when unset), and all the tries of an API
+process, every user's, share a budget of TRY_THREADS threads (app config; settings' try_threads, the host's cores):
+a try that finds it spent gets 503 (`run_try`, so a dry run too).
 
 A reward that raises or returns NaN, inf, non-numbers or the wrong count is a 422 on `reward`; a try past the time
 limit is a 422 on `timeout`.
@@ -22,7 +25,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +51,8 @@ TRY_TIMEOUT_S = 120  # default of the app config TRY_TIMEOUT_S
 TRY_MAX_NEW_TOKENS = 256
 TRY_MAX_OUTPUT = 4 * 1024 * 1024  # bytes of the try's output read back: 64 samples of 256 tokens fit many times
 TRY_NUM_THREADS = 2  # torch threads of a try whose config sets none: it shares the API's machine
+TRY_MAX_THREADS = 4  # and of one that sets more: a try is a few samples, not worth the API host's every core
+TRY_THREADS_EXTENSION = "aligner_try_threads"
 MAX_MESSAGE_CHARS = 500
 # The try's error types (aligner.errors) and the request field each is about.
 ERROR_FIELDS = {
@@ -71,6 +78,36 @@ class TryOutcome:
     train: TrainConfig  # the config the try ran
 
 
+class ThreadBudget:
+    """Torch threads of the tries running in this API process, all users together (per-user counts are
+    webapp/limits.py's): without it, every user's one try at a time adds up to the host's cores many times over."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.used = 0
+
+    def acquire(self, threads: int, capacity: int) -> Callable[[], None] | None:
+        """A release function for `threads` newly taken (safe to call more than once), or None when fewer than that
+        are free of `capacity`."""
+        with self._lock:
+            if self.used + threads > capacity:
+                return None
+            self.used += threads
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._lock:
+                if not released:
+                    released, self.used = True, self.used - threads
+
+        return release
+
+
+def _thread_budget() -> ThreadBudget:
+    return current_app.extensions.setdefault(TRY_THREADS_EXTENSION, ThreadBudget())
+
+
 def try_config(raw: dict[str, Any], user, run_dir: Path) -> JobConfig:
     """`raw` (a job's config) resolved for `user` as `POST /jobs` would (422 naming the fields), val_dataset
     defaulting to the train dataset, then the cheap preflight checks (422 on `config.model.policy`, ...)."""
@@ -94,13 +131,14 @@ def try_config(raw: dict[str, Any], user, run_dir: Path) -> JobConfig:
     return result
 
 
-def _bounded(train: TrainConfig) -> TrainConfig:
+def _bounded(train: TrainConfig, max_threads: int = TRY_MAX_THREADS) -> TrainConfig:
     generation = train.generation
     max_new = min(generation.max_new_tokens, TRY_MAX_NEW_TOKENS)
     capped = generation.model_copy(
         update={"max_new_tokens": max_new, "min_new_tokens": min(generation.min_new_tokens, max_new)}
     )
-    model = train.model.model_copy(update={"num_threads": train.model.num_threads or TRY_NUM_THREADS})
+    threads = max(1, min(train.model.num_threads or TRY_NUM_THREADS, TRY_MAX_THREADS, max_threads))
+    model = train.model.model_copy(update={"num_threads": threads})
     return train.model_copy(update={"generation": capped, "model": model})
 
 
@@ -114,9 +152,26 @@ def _short(text: str) -> str:
 
 
 def run_try(train: TrainConfig, num_prompts: int, num_samples: int, timeout_s: float) -> TryOutcome:
-    """`aligner try-reward --json` on `train` (max_new_tokens capped) in a bounded subprocess; TryFailed when it
-    gives no result (a reward error, the time limit, a crash)."""
-    train = _bounded(train)
+    """`aligner try-reward --json` on `train` (max_new_tokens and threads capped) in a bounded subprocess, once its
+    threads are free of the process's TRY_THREADS (else 503); TryFailed when it gives no result (a reward error, the
+    time limit, a crash)."""
+    capacity = current_app.config["TRY_THREADS"]
+    train = _bounded(train, capacity)
+    threads = train.model.num_threads
+    release = _thread_budget().acquire(threads, capacity)
+    if release is None:
+        abort_fields(
+            503,
+            f"The server is running as many reward tries as it allows (all users' tries share {capacity} threads): "
+            "try again in a minute",
+        )
+    try:
+        return _run_try(train, num_prompts, num_samples, timeout_s)
+    finally:
+        release()
+
+
+def _run_try(train: TrainConfig, num_prompts: int, num_samples: int, timeout_s: float) -> TryOutcome:
     with tempfile.TemporaryDirectory(prefix="aligner-try-") as tmp:
         config_path, out_path, err_path = Path(tmp) / "try.yaml", Path(tmp) / "out", Path(tmp) / "err"
         save_config(train.model_copy(update={"run_dir": str(Path(tmp) / "run")}), config_path)
@@ -188,6 +243,7 @@ def public_result(result: dict[str, Any]) -> dict[str, Any]:
         422: "A config field is invalid (config.FIELD), the reward fails (reward: what it raised or returned), or "
         "the try passed the server's time limit (timeout)",
         429: "A try of yours is already running",
+        503: "The server's reward tries, all users' together, use every thread it allows them: try again later",
     }
 )
 def try_reward(json_data):
@@ -197,7 +253,8 @@ def try_reward(json_data):
     each of the first `num_prompts` prompts of data.train_dataset with the config's policy and generation settings
     (generation.max_new_tokens capped at 256; the sampling seed is the config's), scores them with its reward, and
     answers every sample, each prompt's mean, std and whether all its samples got the same reward (RLOO learns
-    nothing from such a group), the reward-length correlation and warnings. One try per user at a time; the try is
+    nothing from such a group), the reward-length correlation and warnings. One try per user at a time (429), at
+    most 4 torch threads, and 503 while all users' tries use every thread the server gives them; the try is
     stopped after the server's TRY_TIMEOUT_S (120 s by default): 422 on `timeout`.
     """
     user = current_user()

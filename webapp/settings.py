@@ -216,6 +216,15 @@ class ServiceSettings:
         int,
         empty_is_unset=False,
     )
+    try_threads: int = _setting(
+        "ALIGNER_TRY_THREADS",
+        None,
+        "torch threads the reward tries and dry runs of one API process may use at once, all users together; a try "
+        "past them gets 503 (`TRY_THREADS`)",
+        int,
+        shown_default="the host's CPU cores",
+        factory=lambda: os.cpu_count() or 1,
+    )
     # ---- the dashboard
     api_url: str = _setting(
         "ALIGNER_API_URL", "http://127.0.0.1:5000", "the REST API `aligner ui` talks to", empty_is_unset=False

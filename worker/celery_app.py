@@ -36,11 +36,11 @@ import threading
 
 from celery import Celery, signals
 
+from aligner.processes import hide_from_children
 from webapp.private import private_data_dir, private_files
 from webapp.queues import send_run_job, transport_options
 from webapp.settings import service_settings
 from worker import shutdown
-from worker.processes import hide_from_children
 from worker.recovery import sweep
 from worker.settings import Settings
 
@@ -98,7 +98,7 @@ def _sweeper(interval: float) -> None:
 @signals.worker_process_init.connect
 def _hide_from_trainers(**_kwargs) -> None:
     """The worker's processes (the main one, before its pool forks, and each pool process) are unreadable to the
-    trainers they start (worker/processes.py `hide_from_children`)."""
+    trainers they start (aligner/processes.py `hide_from_children`)."""
     hide_from_children()
 
 

@@ -6,19 +6,17 @@ critic server does not. The next run of the job on this host, or a recovery swee
 files of the run directory name, but only after /proc shows the process still is that trainer or server (never an
 unrelated process that reused the id).
 
-The worker itself is kept out of its trainers' reach (`hide_from_children`): they run as its user.
+The worker itself is kept out of its trainers' reach (`aligner.processes.hide_from_children`): they run as its user.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
 import signal
 import socket
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,20 +24,6 @@ from pathlib import Path
 from worker.run_files import CRITIC_PID_FILE, JOB_CONFIG_FILE, TRAINER_PID_FILE
 
 log = logging.getLogger(__name__)
-
-
-def hide_from_children() -> None:
-    """Linux: no process of this user may read this one's /proc/PID/environ or memory, nor gets a core dump of it.
-
-    A trainer runs as the worker's user, and such a process may otherwise read the worker's environment, which holds
-    the database and broker credentials that its own (`aligner.processes.minimal_env`) leaves out. This sets
-    PR_SET_DUMPABLE to 0, which the worker's forks inherit; an exec sets it back, so its trainers stay ordinary
-    processes. Root still reads everything.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0)  # 4 = PR_SET_DUMPABLE
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:

@@ -245,3 +245,19 @@ def test_every_broken_combination_is_said_at_once_with_or_without_megatron(tmp_p
     assert [line.split(":")[0].strip() for line in lines] == ["model.backend"] * 3 + ["trainer.async_rollouts"] * 2
     assert "megatron needs the optional extra: pip install 'aligner[megatron]'" in lines[2]
     assert all("(got " not in line for line in lines)  # the reason names the values; no repr of a section
+
+
+# Nine levels of nine aliases: 9^9 (387 million) strings once expanded, from 400 bytes.
+ALIAS_BOMB = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8)
+)
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
+    """aligner.config.load_yaml refuses aliases, so `aligner train --config` (and `--set`) cannot be made to expand
+    a billion strings (a `--set` value with one is taken as text); an anchor alone is harmless and still reads."""
+    from aligner.config import load_yaml
+
+    with pytest.raises(ConfigError, match=r"not valid YAML.*aliases \(\*a\) are not accepted"):
+        load_config(write(tmp_path, MINIMAL + ALIAS_BOMB))
+    assert load_yaml("a: &x 1\nb: 2\n") == {"a": 1, "b": 2}

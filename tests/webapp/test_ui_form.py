@@ -206,3 +206,15 @@ def test_an_uploaded_file_becomes_the_picked_dataset_or_says_why_not(tmp_path):
                       "- `file`: line 1: no 'prompt' key"  # fmt: skip
     assert all(out == {"__type__": "update"} for out in rest)
     assert new_job.upload_dataset(StandIn(refused), "", str(path), {})[0] == "Sign in before uploading a dataset."
+
+
+def test_an_alias_bomb_in_the_advanced_yaml_is_refused_with_a_message():
+    """The advanced box is read by aligner.config.load_yaml: a YAML alias bomb (9^9 strings once expanded, when the
+    body is serialised) is refused before anything is sent, and the user reads why."""
+    bomb = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8)
+    )
+    body, message, _ = new_job._form_body(VALUES, bomb, "Not submitted")
+    assert body is None
+    assert message.startswith("**Not submitted**: advanced YAML:") and "aliases (*a) are not accepted" in message
+    assert form.advanced_for("ppo", bomb) == bomb  # left as typed; the submit says what is wrong

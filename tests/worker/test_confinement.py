@@ -119,3 +119,41 @@ def test_an_owners_dataset_is_accepted_where_another_users_copy_is_not(factory, 
         job.config["data"]["val_dataset"] = add_dataset(session, owner, prompt_files[1], tmp_path / "data")
         config = launch_config(session, job, tmp_path / "data", tmp_path / "run")
         assert config.data.val_file.startswith(str((tmp_path / "data" / "datasets").resolve()))
+
+
+def point_my_dataset_at_another_users_file(session, data_dir, dataset):
+    """The owner's own dataset row, edited in SQL to name another user's private upload."""
+    other = User(name="someone-else")
+    session.add(other)
+    session.flush()
+    theirs = data_dir / "datasets" / f"user_{other.id}" / "private.jsonl"
+    theirs.parent.mkdir(parents=True)
+    theirs.write_text('{"prompt": "not yours"}\n')
+    session.add(Dataset(user_id=other.id, name="private", path=str(theirs.relative_to(data_dir)), num_prompts=1))
+    dataset.path = str(theirs.relative_to(data_dir))
+
+
+def point_my_dataset_outside_the_datasets_folder(session, data_dir, dataset):
+    outside = data_dir / "runs" / "job_9" / "samples.jsonl"  # inside DATA_DIR, outside DATA_DIR/datasets
+    outside.parent.mkdir(parents=True)
+    outside.write_text('{"prompt": "not a dataset"}\n')
+    dataset.path = str(outside.relative_to(data_dir))
+
+
+@pytest.mark.parametrize(
+    "edit", [point_my_dataset_at_another_users_file, point_my_dataset_outside_the_datasets_folder]
+)
+def test_a_dataset_row_edited_to_name_a_file_not_the_owners_is_refused_at_launch(factory, tmp_path, job_config, edit):
+    """The worker's dataset check is real: the file the trainer would read must be one of the owner's (or a shared)
+    datasets inside DATA_DIR/datasets, and no other user's; the job row is untouched, its dataset row was edited."""
+    job_id = create_job(factory, job_config(), tmp_path / "run")
+    data_dir = tmp_path / "data"
+    with session_scope(factory) as session:
+        config = session.get(Job, job_id).config
+        edit(session, data_dir, session.get(Dataset, config["data"]["train_dataset"]))
+    result = run_job(job_id, Settings(database_url="unused", data_dir=data_dir), factory)
+    assert result["outcome"] == "failed"
+    with session_scope(factory) as session:
+        error = session.get(Job, job_id).error
+        assert "refused at launch" in error and "config.data.train_dataset" in error
+    assert not (tmp_path / "run" / "train.log").exists()  # no trainer started

@@ -14,7 +14,7 @@ def test_a_hidden_worker_is_not_dumpable_and_its_trainers_are():
     child, as hiding cannot be undone; its own children (an exec) are ordinary again."""
     code = (
         "import ctypes, subprocess, sys\n"
-        "from worker.processes import hide_from_children\n"
+        "from aligner.processes import hide_from_children\n"
         "hide_from_children()\n"
         "get = 'import ctypes; print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))'  # 3 = PR_GET_DUMPABLE\n"
         "child = subprocess.run([sys.executable, '-c', get], capture_output=True, text=True).stdout.strip()\n"

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from aligner.config import TrainConfig
+from aligner.config import TrainConfig, load_yaml
 from webapp.stack import DEMO_POLICY, DEMO_REWARD_MODEL, DEMO_REWARD_SERVER
 
 # Form field -> (dotted path in the job body, label, kind). Kinds: text, int, float, choice (one of CHOICES),
@@ -171,7 +171,7 @@ def build_job(values: dict[str, Any], advanced_yaml: str = "") -> dict:
     critic only for PPO); a reward or critic in the form replaces the YAML's. Raises FormError for a field the
     dashboard can tell is wrong (arguments that are not a JSON object), ValueError when the YAML is not a mapping.
     """
-    extra = yaml.safe_load(advanced_yaml or "") or {}
+    extra = load_yaml(advanced_yaml or "") or {}
     if not isinstance(extra, dict):
         raise ValueError("the advanced YAML must be a mapping (e.g. `optim: {warmup_steps: 0}`)")
     extra.pop("run_dir", None)  # the server sets it
@@ -326,7 +326,7 @@ def presets(data_dir: Path | None) -> dict[str, dict[str, Any]]:
         ("demo tiny model, PPO", "ppo.yaml", None),
     ]:
         try:
-            config = yaml.safe_load((demo / file_name).read_text())
+            config = load_yaml((demo / file_name).read_text())
         except (OSError, yaml.YAMLError):  # a half-built or old demo folder: no preset rather than no dashboard
             continue
         if isinstance(config, dict):
@@ -403,7 +403,7 @@ def advanced_for(algorithm: str, current: str) -> str:
     if not (current or "").strip() or current in (advanced_yaml("reinforce"), advanced_yaml("ppo")):
         return advanced_yaml(algorithm)
     try:
-        parsed = yaml.safe_load(current)
+        parsed = load_yaml(current)
     except yaml.YAMLError:
         return current  # the submit says what is wrong with it
     if not isinstance(parsed, dict):
