@@ -1,0 +1,140 @@
+"""Data a user can delete: a finished job (DELETE /jobs/{id}: its results and run folder go, its row stays as a
+tombstone admins see with its events); admins delete anyone's."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from tests.helpers.api import ACTIONS_BY_STATE, bearer, both_backends, create_job, put_in_state
+from webapp.db import Checkpoint, Job, Metric, Sample, add_event
+
+JOBS, ADMIN_JOBS = "/api/v1/jobs", "/api/v1/admin/jobs"
+
+
+def count(db_session, model, job_id: int) -> int:
+    with db_session() as session:
+        return session.scalar(select(func.count()).select_from(model).where(model.job_id == job_id))
+
+
+def with_results(db_session, job: dict, status: str = "failed") -> Path:
+    """Job `job` in `status` at step 2, with a run folder, a checkpoint, a metric, a sample and a samples event."""
+    run_dir = Path(job["run_dir"])
+    (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step_000002" / "model.safetensors").write_bytes(b"weights")
+    with db_session() as session:
+        row = session.get(Job, job["id"])
+        row.status, row.step = status, 2
+        session.add(Checkpoint(job_id=job["id"], step=2, path=str(run_dir / "checkpoints" / "step_000002")))
+        session.add(Metric(job_id=job["id"], step=1, name="train_rollouts/rewards", value=0.5))
+        session.add(Sample(job_id=job["id"], step=1, split="train", index=0, prompt="secret", response="r", reward=1))
+        example = {"prompt": "secret", "response": "r", "reward": 1.0}
+        add_event(session, job["id"], "samples", {"step": 1, "split": "train", "count": 1, "example": example})
+    return run_dir
+
+
+# ------------------------------------------------------------------------------------------------------------ jobs
+@both_backends
+def test_deleting_a_finished_job_removes_its_results_and_leaves_an_audit_line(
+    client, token, admin_token, config, db_session
+):
+    job = create_job(client, token, config)
+    run_dir = with_results(db_session, job)
+    assert client.get(f"{JOBS}/{job['id']}", headers=bearer(token)).json["actions"] == ["resume", "retry", "delete"]
+
+    response = client.delete(f"{JOBS}/{job['id']}", headers=bearer(token))
+    assert response.status_code == 204 and response.data == b""
+    assert not run_dir.exists()
+    assert [count(db_session, model, job["id"]) for model in (Metric, Sample, Checkpoint)] == [0, 0, 0]
+    # Its owner sees it no more: not got, not listed, no results, no action.
+    for path in ("", "/metrics", "/samples", "/checkpoints", "/events"):
+        assert client.get(f"{JOBS}/{job['id']}{path}", headers=bearer(token)).status_code == 404, path
+    for action in ("resume", "retry", "cancel"):
+        assert client.post(f"{JOBS}/{job['id']}/{action}", headers=bearer(token)).status_code == 404, action
+    assert client.delete(f"{JOBS}/{job['id']}", headers=bearer(token)).status_code == 404
+    assert client.get(JOBS, headers=bearer(token)).json["total"] == 0
+
+    # Admins see the tombstone: config scrubbed, nothing applies; its events end with who deleted it.
+    tombstone = client.get(f"{ADMIN_JOBS}/{job['id']}", headers=bearer(admin_token)).json
+    assert tombstone["deleted_at"] and tombstone["config"] == {} and tombstone["actions"] == []
+    assert tombstone["status"] == "failed" and tombstone["user"] == "alice"
+    listed = client.get(ADMIN_JOBS, headers=bearer(admin_token)).json["items"]
+    assert [(j["id"], bool(j["deleted_at"])) for j in listed] == [(job["id"], True)]
+    events = client.get(f"{ADMIN_JOBS}/{job['id']}/events", headers=bearer(admin_token)).json
+    kinds = [e["kind"] for e in events["items"]]
+    assert kinds == ["status", "samples", "deleted"] and events["total"] == 3
+    assert events["items"][-1]["payload"] == {"status": "failed", "step": 2, "deleted_by": "alice"}
+    assert "example" not in events["items"][1]["payload"]  # the samples' text went with them
+    assert client.get(f"{ADMIN_JOBS}/{job['id']}/events", headers=bearer(token)).status_code == 403
+    assert client.delete(f"{ADMIN_JOBS}/{job['id']}", headers=bearer(admin_token)).status_code == 409
+
+
+@both_backends
+def test_only_a_finished_job_can_be_deleted_as_its_actions_say(client, token, config, db_session):
+    """DELETE answers 204 exactly where the job lists `delete` (finished or paused); 409 while it is queued, running
+    or being cancelled, with the job and its results untouched."""
+    for status, step, checkpoint, actions in ACTIONS_BY_STATE:
+        job = create_job(client, token, config)
+        put_in_state(db_session, job["id"], status, step, checkpoint)
+        response = client.delete(f"{JOBS}/{job['id']}", headers=bearer(token))
+        if "delete" in actions:
+            assert response.status_code == 204, (status, response.json)
+        else:
+            assert response.status_code == 409, status
+            assert response.json["message"] == (
+                f"job {job['id']} is {status}: cancel it first; only a finished job can be deleted"
+            )
+            assert count(db_session, Checkpoint, job["id"]) == int(checkpoint)
+            assert client.get(f"{JOBS}/{job['id']}", headers=bearer(token)).json["status"] == status
+
+
+@both_backends
+def test_a_job_is_deleted_once_and_a_deleted_job_is_never_resumed(client, token, config, db_session, queue):
+    """Four deletes and four resumes of one job at the same moment: one delete applies; a resume either comes first
+    (and the deletes then get 409) or gets 404/409; a deleted job never goes back to the queue."""
+    job = create_job(client, token, config)
+    with_results(db_session, job, status="cancelled")
+    barrier = threading.Barrier(8)
+
+    def go(method: str):
+        barrier.wait()
+        if method == "delete":
+            return method, client.delete(f"{JOBS}/{job['id']}", headers=bearer(token)).status_code
+        return method, client.post(f"{JOBS}/{job['id']}/resume", headers=bearer(token)).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(go, ["delete", "resume"] * 4))
+    deleted = [code for method, code in results if method == "delete" and code == 204]
+    resumed = [code for method, code in results if method == "resume" and code == 200]
+    assert len(deleted) + len(resumed) == 1, results
+    assert all(code in (200, 204, 404, 409) for _method, code in results), results
+    with db_session() as session:
+        row = session.get(Job, job["id"])
+        assert (row.deleted_at is not None) == bool(deleted)
+        assert row.status == ("queued" if resumed else "cancelled")
+
+
+def test_an_admin_deletes_any_users_job_and_a_user_cannot(client, token, other_token, admin_token, config, db_session):
+    job = create_job(client, token, config)
+    run_dir = with_results(db_session, job, status="succeeded")
+    assert client.delete(f"{JOBS}/{job['id']}", headers=bearer(other_token)).status_code == 404
+    assert client.delete(f"{ADMIN_JOBS}/{job['id']}", headers=bearer(other_token)).status_code == 403
+    assert client.delete(f"{ADMIN_JOBS}/{2**40}", headers=bearer(admin_token)).status_code == 404
+    assert client.delete(f"{ADMIN_JOBS}/{job['id']}", headers=bearer(admin_token)).status_code == 204
+    assert not run_dir.exists() and client.get(f"{JOBS}/{job['id']}", headers=bearer(token)).status_code == 404
+    events = client.get(f"{ADMIN_JOBS}/{job['id']}/events", headers=bearer(admin_token)).json["items"]
+    assert events[-1]["payload"]["deleted_by"] == "operator"
+
+
+def test_a_deleted_jobs_run_folder_is_removed_only_inside_the_runs_folder(client, token, config, db_session, tmp_path):
+    outside = tmp_path / "elsewhere"
+    (outside / "keep").mkdir(parents=True)
+    job = create_job(client, token, config)
+    with db_session() as session:
+        row = session.get(Job, job["id"])
+        row.status, row.run_dir = "failed", str(outside)
+    assert client.delete(f"{JOBS}/{job['id']}", headers=bearer(token)).status_code == 204
+    assert (outside / "keep").is_dir()
