@@ -4,17 +4,23 @@ An upload is checked with `aligner.data.prompts.read_prompt_file` (422 with the 
 line) and stored as DATA_DIR/datasets/user_<id>/<random>.jsonl. A job names it by id (or name):
 `"data": {"train_dataset": 3, ...}`. Only its owner sees and uses it, unless an admin shares it. Uploads may be
 up to MAX_DATASET_SIZE bytes (256 MiB), unlike other requests (MAX_CONTENT_LENGTH, 1 MiB), and a user's datasets
-together up to MAX_DATASET_BYTES_PER_USER (1 GiB; webapp/limits.py).
+together up to MAX_DATASET_BYTES_PER_USER (1 GiB; webapp/limits.py check_dataset_bytes, which also says how
+concurrent uploads are kept within it).
+
+An upload is written to `.<random>.uploading`, renamed to `<random>.jsonl` once valid, then given its row: a process
+killed on the way leaves a file no row names, which no one sees or counts, and which the user's next upload removes
+once it is STALE_UPLOAD_S old (so never an upload still in progress).
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
 from apiflask import APIBlueprint
 from flask import current_app, request
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from werkzeug.utils import secure_filename
 
 from aligner.data.prompts import read_prompt_file
@@ -29,6 +35,10 @@ from webapp.schemas import INT32_MAX, DatasetIn, DatasetOut, DatasetPage, Datase
 
 # A file's name is the dataset's default name: longer ones are cut (PostgreSQL refuses, rather than truncates).
 NAME_LENGTH = Dataset.__table__.c.name.type.length
+# A file in a user's dataset folder that no row names (a temporary upload, or a dataset whose process was killed before
+# its row was committed) this old is left over: no upload takes an hour between writing it and committing its row.
+STALE_UPLOAD_S = 3600
+UPLOADING = ".uploading"
 
 bp = APIBlueprint("datasets", __name__, url_prefix="/api/v1/datasets", tag="Datasets")
 
@@ -51,12 +61,14 @@ def upload_dataset(form_and_files_data):
     data_dir = Path(current_app.config["DATA_DIR"])
     folder = data_dir / DATASETS_DIR / f"user_{current_user().id}"
     folder.mkdir(parents=True, exist_ok=True)
+    sweep_leftovers(folder, data_dir)
     stem = uuid.uuid4().hex
-    tmp = folder / f".{stem}.uploading"
+    tmp = folder / f".{stem}{UPLOADING}"
     path = folder / f"{stem}.jsonl"
     upload.save(tmp)
     try:
-        check_dataset_bytes(tmp.stat().st_size)
+        size = tmp.stat().st_size
+        check_dataset_bytes(size)  # before the file is read: a refused upload costs little
         records = read_prompt_file(tmp)
         tmp.rename(path)
     except PromptDataError as err:
@@ -70,11 +82,38 @@ def upload_dataset(form_and_files_data):
         name=form_and_files_data.get("name") or shown_name,
         path=str(path.relative_to(data_dir)),
         num_prompts=len(records),
-        size_bytes=path.stat().st_size,
+        size_bytes=size,
     )
     db.session.add(dataset)
-    db.session.commit()
+    db.session.commit()  # the reservation: every upload checked from now on counts it
+    reserved = dataset.id
+    try:
+        check_dataset_bytes(size, reserved=reserved)
+    except Exception:  # refused (413, apiflask's HTTPError), or the check failed: the reservation goes
+        db.session.rollback()
+        db.session.execute(delete(Dataset).where(Dataset.id == reserved))
+        db.session.commit()
+        path.unlink(missing_ok=True)
+        raise
     return _out(dataset)
+
+
+def sweep_leftovers(folder: Path, data_dir: Path) -> None:
+    """Remove the files of a user's dataset folder that no dataset row names and that are STALE_UPLOAD_S old: what a
+    killed process left (a `.uploading` file, a renamed file without its row, a deleted dataset's file)."""
+    named = {
+        data_dir / path
+        for path in db.session.scalars(
+            select(Dataset.path).where(Dataset.path.like(f"{DATASETS_DIR}/{folder.name}/%"))
+        )
+    }
+    cutoff = time.time() - STALE_UPLOAD_S
+    for file in folder.iterdir():
+        try:
+            if file.is_file() and not file.is_symlink() and file not in named and file.stat().st_mtime < cutoff:
+                file.unlink()
+        except OSError:  # gone meanwhile (another request's sweep), or not ours to remove: left alone
+            continue
 
 
 def _out(dataset: Dataset) -> dict:

@@ -1,18 +1,24 @@
 """Data a user can delete: a finished job (DELETE /jobs/{id}: its results and run folder go, its row stays as a
-tombstone admins see with its events); admins delete anyone's."""
+tombstone admins see with its events); admins delete anyone's. The dataset quota holds under concurrent uploads,
+and what a killed upload leaves behind neither counts nor stays."""
 
 from __future__ import annotations
 
+import io
+import json
+import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sqlalchemy import func, select
 
-from tests.helpers.api import ACTIONS_BY_STATE, bearer, both_backends, create_job, put_in_state
-from webapp.db import Checkpoint, Job, Metric, Sample, add_event
+from tests.helpers.api import ACTIONS_BY_STATE, PROMPTS, bearer, both_backends, create_job, put_in_state
+from webapp import datasets as datasets_module
+from webapp.db import Checkpoint, Dataset, Job, Metric, Sample, add_event
 
-JOBS, ADMIN_JOBS = "/api/v1/jobs", "/api/v1/admin/jobs"
+JOBS, DATASETS, ADMIN_JOBS = "/api/v1/jobs", "/api/v1/datasets", "/api/v1/admin/jobs"
 
 
 def count(db_session, model, job_id: int) -> int:
@@ -138,3 +144,73 @@ def test_a_deleted_jobs_run_folder_is_removed_only_inside_the_runs_folder(client
         row.status, row.run_dir = "failed", str(outside)
     assert client.delete(f"{JOBS}/{job['id']}", headers=bearer(token)).status_code == 204
     assert (outside / "keep").is_dir()
+
+
+# -------------------------------------------------------------------------------------------------------- datasets
+def upload(client, token, content: bytes, name: str = "p.jsonl"):
+    return client.post(DATASETS, data={"file": (io.BytesIO(content), name)}, headers=bearer(token))
+
+
+LINES = "".join(json.dumps(p) + "\n" for p in PROMPTS).encode()
+
+
+# ----------------------------------------------------------------------------------------------------- the quota
+@both_backends
+def test_concurrent_uploads_never_pass_the_dataset_quota(app, client, token, data_dir, monkeypatch):
+    """Four uploads of one user released together, each of 2/5 of the quota: at most two are kept, whatever the
+    interleaving (the row-lock check alone let all four through on SQLite); every refused one leaves nothing."""
+    app.config["MAX_DATASET_BYTES_PER_USER"] = 5 * len(LINES)
+    barrier = threading.Barrier(4)
+    read = datasets_module.read_prompt_file
+
+    def read_together(path):  # all four past the first check before any row exists: the race at its widest
+        barrier.wait(timeout=20)
+        return read(path)
+
+    monkeypatch.setattr(datasets_module, "read_prompt_file", read_together)
+    with ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(lambda _: upload(app.test_client(), token, LINES * 2), range(4)))
+    codes = sorted(r.status_code for r in responses)
+    assert set(codes) <= {201, 413} and codes.count(201) <= 2, codes
+    kept = [r.json["path"] for r in responses if r.status_code == 201]
+    listed = [d["path"] for d in client.get(DATASETS, headers=bearer(token)).json["items"] if d["mine"]]
+    assert sorted(listed) == sorted(kept)
+    stored = [p.name for p in (data_dir / "datasets").glob("user_*/*")]
+    assert sorted(stored) == sorted(Path(p).name for p in kept)  # nothing refused stays
+    monkeypatch.setattr(datasets_module, "read_prompt_file", read)
+    while upload(client, token, LINES * 2).status_code == 201:  # the quota is reached, not passed
+        pass
+    total = sum(d["size_bytes"] for d in client.get(DATASETS, headers=bearer(token)).json["items"] if d["mine"])
+    assert 3 * len(LINES) < total + 2 * len(LINES) and total <= 5 * len(LINES)
+
+
+def test_a_killed_uploads_leftovers_neither_count_nor_stay(app, client, token, data_dir):
+    """What a killed API process leaves in a user's folder (a `.uploading` file; a renamed file whose row was never
+    committed) is not counted, and the next upload removes it once it is STALE_UPLOAD_S old: never a fresh one,
+    which may be another upload in progress."""
+    app.config["MAX_DATASET_BYTES_PER_USER"] = 3 * len(LINES)
+    first = upload(client, token, LINES).json
+    folder = (data_dir / first["path"]).parent
+    stale = [folder / ".0123abcd.uploading", folder / "0123abcd.jsonl"]
+    fresh = folder / ".4567ef01.uploading"
+    old = time.time() - datasets_module.STALE_UPLOAD_S - 60
+    for path in (*stale, fresh):
+        path.write_bytes(LINES * 10)
+    for path in stale:
+        os.utime(path, (old, old))
+
+    second = upload(client, token, LINES * 2)  # exactly the quota with the first: the leftovers count for nothing
+    assert second.status_code == 201, second.json
+    assert not any(path.exists() for path in stale) and fresh.is_file()
+    assert (data_dir / first["path"]).is_file() and (data_dir / second.json["path"]).is_file()
+    mine = [d["id"] for d in client.get(DATASETS, headers=bearer(token)).json["items"] if d["mine"]]
+    assert mine == [second.json["id"], first["id"]]
+
+
+def test_a_dataset_row_from_before_sizes_were_kept_counts_by_its_file(app, client, token, data_dir, db_session):
+    app.config["MAX_DATASET_BYTES_PER_USER"] = 3 * len(LINES)
+    first = upload(client, token, LINES * 2).json
+    with db_session() as session:
+        session.get(Dataset, first["id"]).size_bytes = 0  # as migration 0003 left older rows
+    assert upload(client, token, LINES * 2).status_code == 413
+    assert upload(client, token, LINES).status_code == 201
