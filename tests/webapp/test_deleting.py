@@ -1,6 +1,7 @@
 """Data a user can delete: a finished job (DELETE /jobs/{id}: its results and run folder go, its row stays as a
-tombstone admins see with its events); admins delete anyone's. The dataset quota holds under concurrent uploads,
-and what a killed upload leaves behind neither counts nor stays."""
+tombstone admins see with its events) and a dataset (DELETE /datasets/{id}, refused while an active job uses it);
+admins delete anyone's. The dataset quota holds under concurrent uploads, and what a killed upload leaves behind
+neither counts nor stays."""
 
 from __future__ import annotations
 
@@ -152,6 +153,53 @@ def upload(client, token, content: bytes, name: str = "p.jsonl"):
 
 
 LINES = "".join(json.dumps(p) + "\n" for p in PROMPTS).encode()
+
+
+@both_backends
+def test_a_dataset_is_deleted_unless_an_active_job_uses_it(client, token, other_token, config, data_dir, db_session):
+    dataset = upload(client, token, LINES).json
+    file = data_dir / dataset["path"]
+    job = create_job(client, token, {**config, "data": {"train_dataset": dataset["id"], "val_dataset": "val.jsonl"}})
+
+    for status in ("queued", "running", "cancelling"):
+        put_in_state(db_session, job["id"], status, 0, False)
+        response = client.delete(f"{DATASETS}/{dataset['id']}", headers=bearer(token))
+        assert response.status_code == 409, status
+        assert response.json["message"] == (
+            f"dataset {dataset['id']} is used by 1 queued or running job (job {job['id']}): cancel it or wait for "
+            "it to finish"
+        )
+        assert file.is_file()
+    assert client.delete(f"{DATASETS}/{dataset['id']}", headers=bearer(other_token)).status_code == 404  # not theirs
+
+    put_in_state(db_session, job["id"], "cancelled", 0, False)
+    assert client.delete(f"{DATASETS}/{dataset['id']}", headers=bearer(token)).status_code == 204
+    assert not file.exists()
+    assert dataset["id"] not in [d["id"] for d in client.get(DATASETS, headers=bearer(token)).json["items"]]
+    assert client.delete(f"{DATASETS}/{dataset['id']}", headers=bearer(token)).status_code == 404
+    assert client.delete(f"{DATASETS}/{2**40}", headers=bearer(token)).status_code == 404
+    # The job that named it, resumed, is refused at launch by the worker's lookup; submitted anew, at once.
+    response = client.post(JOBS, json={"name": "again", "config": job["config"]}, headers=bearer(token))
+    assert response.status_code == 422 and "config.data.train_dataset" in response.json["errors"]
+
+
+def test_an_admin_deletes_any_dataset_and_a_user_cannot_delete_a_shared_one(
+    client, token, other_token, admin_token, data_dir, db_session
+):
+    theirs = upload(client, other_token, LINES).json
+    assert client.delete(f"{DATASETS}/{theirs['id']}", headers=bearer(token)).status_code == 404
+    with db_session() as session:
+        shared = session.scalar(select(Dataset.id).where(Dataset.name == "train.jsonl"))
+    response = client.delete(f"{DATASETS}/{shared}", headers=bearer(token))
+    assert response.status_code == 403 and "only its owner or an admin" in response.json["message"]
+    for dataset_id in (theirs["id"], shared):
+        assert client.delete(f"{DATASETS}/{dataset_id}", headers=bearer(admin_token)).status_code == 204
+    assert not (data_dir / theirs["path"]).exists()
+    with db_session() as session:
+        assert (
+            session.scalar(select(func.count()).select_from(Dataset).where(Dataset.id.in_([theirs["id"], shared])))
+            == 0
+        )
 
 
 # ----------------------------------------------------------------------------------------------------- the quota
