@@ -489,8 +489,8 @@ def test_the_jobs_tabs_buttons_follow_the_actions_the_api_lists(api_url, client,
 
 
 def test_deleting_a_job_from_the_jobs_tab_asks_first(api_url, client, token, config, db_session, tmp_path):
-    """Delete only shows a question saying what goes; the job is deleted on the confirmation, leaving the table and
-    the selection; a job still running is refused with the API's reason."""
+    """Delete only shows a question saying what goes; the job asked about is deleted on the confirmation and leaves
+    the table; a job still running is refused with the API's reason."""
     app = ui.build_app(api_url, tmp_path)
     handlers = {fn.name: fn.fn for fn in app.fns.values()}
     ask, delete = handlers["ask_to_delete"], handlers["delete_job"]
@@ -498,22 +498,21 @@ def test_deleting_a_job_from_the_jobs_tab_asks_first(api_url, client, token, con
     put_in_state(db_session, job_id, "failed", 2, True)
     table = frames.jobs_frame(client.get("/api/v1/jobs", headers=bearer(token)).json)
 
-    row, question, message = ask(table, job_id)
-    assert row == gr.update(visible=True) and message == ""
-    assert question.startswith(
-        f"**Delete job {job_id} (old run)?** Its checkpoints, final policy, metrics and samples"
-    )
+    row, question, message, asked = ask(table, job_id)
+    assert row == gr.update(visible=True) and message == "" and asked == job_id
+    assert question.startswith(f"**Delete job {job_id} (old run)?** Its checkpoints, final policy, metrics and")
     assert client.get(f"/api/v1/jobs/{job_id}", headers=bearer(token)).status_code == 200  # asked, not done
-    assert ask(table, None) == (gr.update(visible=False), "", "Select a job first.")
-
-    message, table, row, selected, *auth = delete(token, job_id)
-    assert message == f"Job {job_id} deleted." and row == gr.update(visible=False) and selected is None
-    assert table.empty and unchanged(auth)
-    assert client.get(f"/api/v1/jobs/{job_id}", headers=bearer(token)).status_code == 404
+    assert ask(table, None) == (gr.update(visible=False), "", "Select a job first.", None)
 
     running = create_job(client, token, config)["id"]
     put_in_state(db_session, running, "running", 1, False)
-    message, table, *_rest = delete(token, running)
+    # Confirmed after another job was selected: the job asked about is deleted, the selection stays.
+    message, table, row, selected, *auth = delete(token, asked, running)
+    assert message == f"Job {job_id} deleted." and row == gr.update(visible=False) and selected == running
+    assert table["id"].tolist() == [running] and unchanged(auth)
+    assert client.get(f"/api/v1/jobs/{job_id}", headers=bearer(token)).status_code == 404
+
+    message, table, *_rest = delete(token, running, running)
     assert message == f"delete job {running}: job {running} is running: cancel it first; only a finished job can be " \
                       "deleted" and table == gr.update()  # fmt: skip
 
@@ -523,8 +522,8 @@ def test_deleting_a_dataset_from_the_new_job_tab_asks_first(session, api_url, to
     without it; a shared one is refused with the API's reason."""
     mine = upload(api_url, token, "mine.jsonl")
     lists = catalogue.form_choices(api.Api(api_url, token))
-    row, question, message = new_job.ask_to_delete_dataset(lists, mine)
-    assert row == gr.update(visible=True) and message == ""
+    row, question, message, asked = new_job.ask_to_delete_dataset(lists, mine)
+    assert row == gr.update(visible=True) and message == "" and asked == mine
     assert question.startswith("**Delete dataset mine.jsonl (3 prompts, yours)?** Its file is deleted for good.")
     assert new_job.ask_to_delete_dataset(lists, None)[0] == gr.update(visible=False)
 

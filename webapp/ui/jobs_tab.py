@@ -52,6 +52,7 @@ def jobs_tab(session: Session) -> gr.Dataframe:
             keep_job = gr.Button("Keep it", elem_id="keep-job")
         action_msg = gr.Markdown(elem_id="action-msg")
         shown_for = gr.State(None)  # (job id, status) the buttons were last set for
+        asked = gr.State(None)  # the job the delete question is about
 
     def select_row(table: pd.DataFrame, evt: gr.SelectData):
         row = evt.index[0] if isinstance(evt.index, list | tuple) else evt.index
@@ -99,28 +100,32 @@ def jobs_tab(session: Session) -> gr.Dataframe:
         return gr.update(visible=True), f"**Cancel job {jid}{name}?** Its run stops; a checkpoint lets it resume.", ""
 
     def ask_to_delete(table: pd.DataFrame, selected):
+        """[the confirmation row, its question, message, the job asked about]: the confirmation deletes that job,
+        whatever is selected by then."""
         jid = job_id_of(selected)
         if jid is None:
-            return gr.update(visible=False), "", "Select a job first."
+            return gr.update(visible=False), "", "Select a job first.", None
         question = (
             f"**Delete job {jid}{_name_of(table, jid)}?** Its checkpoints, final policy, metrics and samples are "
             "deleted for good and it leaves this list. This cannot be undone."
         )
-        return gr.update(visible=True), question, ""
+        return gr.update(visible=True), question, "", jid
 
-    def delete_job(token: str, selected):
-        """[message, Jobs table, the confirmation row, the selected job, token, sign-in line]: DELETE /jobs/{id}
-        once confirmed; the job leaves the table and the selection."""
-        jid = job_id_of(selected)
+    def delete_job(token: str, asked, selected):
+        """[message, Jobs table, the confirmation row, the selected job, token, sign-in line]: DELETE /jobs/{id} of
+        the job asked about, once confirmed; it leaves the table (and the selection, when selected)."""
+        hide = gr.update(visible=False)
+        jid = job_id_of(asked)
         if jid is None:
-            return ["Select a job first.", gr.update(), gr.update(visible=False), gr.update(), *session.unchanged()]
+            return ["Select a job first.", gr.update(), hide, gr.update(), *session.unchanged()]
         try:
             session.api(token).delete(f"/jobs/{jid}")
         except ApiError as err:
             dropped = session.signed_out() if err.rejected and token else session.unchanged()
-            return [f"delete job {jid}: {err.message}", gr.update(), gr.update(visible=False), gr.update(), *dropped]
-        table = session.refresh_jobs(token, None)[0]
-        return [f"Job {jid} deleted.", table, gr.update(visible=False), None, *session.unchanged()]
+            return [f"delete job {jid}: {err.message}", gr.update(), hide, gr.update(), *dropped]
+        still = None if job_id_of(selected) == jid else job_id_of(selected)
+        table = session.refresh_jobs(token, still)[0]
+        return [f"Job {jid} deleted.", table, hide, still, *session.unchanged()]
 
     session.ticked = session.timer.tick(
         session.refresh_jobs,
@@ -144,14 +149,10 @@ def jobs_tab(session: Session) -> gr.Dataframe:
     keep.click(lambda: (gr.update(visible=False), "Kept running."), None, [confirm_row, action_msg])
     for kind in ("resume", "retry"):
         buttons[kind].click(action(kind), [session.token, session.job_id], outputs)
-    buttons["delete"].click(ask_to_delete, [jobs_table, session.job_id], [delete_row, delete_msg, action_msg])
+    buttons["delete"].click(ask_to_delete, [jobs_table, session.job_id], [delete_row, delete_msg, action_msg, asked])
     delete_outputs = [action_msg, jobs_table, delete_row, session.job_id, *session.auth_outputs]
-    confirm_delete.click(delete_job, [session.token, session.job_id], delete_outputs)
+    confirm_delete.click(delete_job, [session.token, asked, session.job_id], delete_outputs)
     keep_job.click(lambda: (gr.update(visible=False), "Kept."), None, [delete_row, action_msg])
-    # A question asked about one job is not answered for another: selecting a job puts it away.
-    session.job_id.change(
-        lambda: [gr.update(visible=False)] * 2, None, [confirm_row, delete_row], show_progress="hidden"
-    )
     return jobs_table
 
 

@@ -194,15 +194,16 @@ def upload_dataset(session: Session, token: str, file_path: str | None, picked: 
 
 
 def ask_to_delete_dataset(lists: dict[str, Any], dataset_id: Any) -> list:
-    """[the confirmation row, its question, message]: what deleting the picked training dataset would do."""
+    """[the confirmation row, its question, message, the dataset asked about]: what deleting the picked training
+    dataset would do; the confirmation deletes that one, whatever is picked by then."""
     if dataset_id in (None, ""):
-        return [gr.update(visible=False), "", "Pick the dataset to delete as the training dataset first."]
+        return [gr.update(visible=False), "", "Pick the dataset to delete as the training dataset first.", None]
     label = next((label for label, value in lists.get("train_dataset", []) if value == dataset_id), dataset_id)
     question = (
         f"**Delete dataset {label}?** Its file is deleted for good. Jobs that finished with it keep their results; "
         "it cannot be deleted while a queued or running job uses it."
     )
-    return [gr.update(visible=True), question, ""]
+    return [gr.update(visible=True), question, "", dataset_id]
 
 
 def delete_dataset(session: Session, token: str, dataset_id: Any, picked: dict[str, Any]) -> list:
@@ -237,6 +238,7 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
             refresh = gr.Button("Refresh lists", elem_id="refresh-lists", scale=1)
         lists_msg = gr.Markdown("Sign in to fill the lists from the catalogue.", elem_id="lists-msg")
         lists = gr.State({})
+        asked = gr.State(None)  # the dataset the delete question is about
         inputs: dict[str, Any] = {}
         errs: dict[str, Any] = {}
         columns: dict[str, Any] = {}
@@ -332,12 +334,10 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
     for trigger in (refresh.click, session.token.change):
         trigger(refresh_lists, [session.token, *pickers], list_outputs)
     upload.upload(do_upload, [session.token, upload, *pickers], [upload_msg, *list_outputs])
-    train_picker = inputs["train_dataset"]
-    delete_ds.click(ask_to_delete_dataset, [lists, train_picker], [delete_ds_row, delete_ds_msg, upload_msg])
-    confirm_ds.click(do_delete_dataset, [session.token, train_picker, *pickers],
-                     [upload_msg, delete_ds_row, *list_outputs])  # fmt: skip
+    delete_ds.click(ask_to_delete_dataset, [lists, inputs["train_dataset"]],
+                    [delete_ds_row, delete_ds_msg, upload_msg, asked])  # fmt: skip
+    confirm_ds.click(do_delete_dataset, [session.token, asked, *pickers], [upload_msg, delete_ds_row, *list_outputs])
     keep_ds.click(lambda: (gr.update(visible=False), "Kept."), None, [delete_ds_row, upload_msg])
-    train_picker.change(lambda: gr.update(visible=False), None, delete_ds_row, show_progress="hidden")
     preset.change(apply_preset, [preset, lists, *pickers], [*inputs.values(), advanced])
     for key in ("algorithm", "reward_source", "critic_source"):
         inputs[key].change(toggle, list(inputs.values()), [columns[key] for key in TOGGLED])
