@@ -16,8 +16,10 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from tests.helpers.api import ACTIONS_BY_STATE, PROMPTS, bearer, both_backends, create_job, put_in_state
+from webapp import create_app
 from webapp import datasets as datasets_module
 from webapp.db import Checkpoint, Dataset, Job, Metric, Sample, add_event
+from webapp.extensions import db
 
 JOBS, DATASETS, ADMIN_JOBS = "/api/v1/jobs", "/api/v1/datasets", "/api/v1/admin/jobs"
 
@@ -205,9 +207,12 @@ def test_an_admin_deletes_any_dataset_and_a_user_cannot_delete_a_shared_one(
 # ----------------------------------------------------------------------------------------------------- the quota
 @both_backends
 def test_concurrent_uploads_never_pass_the_dataset_quota(app, client, token, data_dir, monkeypatch):
-    """Four uploads of one user released together, each of 2/5 of the quota: at most two are kept, whatever the
-    interleaving (the row-lock check alone let all four through on SQLite); every refused one leaves nothing."""
+    """Four uploads of one user released together, each of 2/5 of the quota, through two API apps (each its own
+    engine and connections, as two API processes): at most two are kept, whatever the interleaving (the row-lock
+    check alone let all four through on SQLite); every refused one leaves nothing."""
     app.config["MAX_DATASET_BYTES_PER_USER"] = 5 * len(LINES)
+    keys = ("TESTING", "DATA_DIR", "DATABASE_URL", "JOB_QUEUE", "MAX_DATASET_BYTES_PER_USER")
+    other = create_app({key: app.config[key] for key in keys})
     barrier = threading.Barrier(4)
     read = datasets_module.read_prompt_file
 
@@ -216,8 +221,12 @@ def test_concurrent_uploads_never_pass_the_dataset_quota(app, client, token, dat
         return read(path)
 
     monkeypatch.setattr(datasets_module, "read_prompt_file", read_together)
-    with ThreadPoolExecutor(4) as pool:
-        responses = list(pool.map(lambda _: upload(app.test_client(), token, LINES * 2), range(4)))
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            responses = list(pool.map(lambda i: upload((app, other)[i % 2].test_client(), token, LINES * 2), range(4)))
+    finally:
+        with other.app_context():
+            db.engine.dispose()
     codes = sorted(r.status_code for r in responses)
     assert set(codes) <= {201, 413} and codes.count(201) <= 2, codes
     kept = [r.json["path"] for r in responses if r.status_code == 201]
