@@ -142,7 +142,7 @@ class Job(Base):
     alarms: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
     # When its owner (or an admin) deleted it: the row stays as a tombstone that only admins see, with its events
     # (the audit line, ending with a `deleted` event); its config, metrics, samples, checkpoints and run folder are
-    # gone (webapp/jobs.py delete_job). A deleted job never changes status again (`transition`).
+    # gone (webapp/jobs.py delete_finished). A deleted job never changes status again (`transition`).
     deleted_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     # has_checkpoint (bool) is mapped below Checkpoint.
 
