@@ -1,16 +1,21 @@
-"""Every user's jobs, for admins (`/api/v1/admin/jobs`): list, get, cancel. A non-admin gets 403."""
+"""Every user's jobs, for admins (`/api/v1/admin/jobs`): list, get, cancel, delete, and a job's events. A non-admin
+gets 403.
+
+Admins see deleted jobs too (`deleted_at` set: the tombstone webapp/jobs.py `delete_finished` leaves) and their
+events, the audit line that ends with the `deleted` event naming who deleted the job.
+"""
 
 from __future__ import annotations
 
 from apiflask import APIBlueprint
 from sqlalchemy import func, select
 
-from webapp.auth import auth, require_admin
-from webapp.db import Job, User, column_values
+from webapp.auth import auth, current_user, require_admin
+from webapp.db import Event, Job, User, column_values
 from webapp.errors import abort_fields
 from webapp.extensions import db
-from webapp.jobs import cancel
-from webapp.schemas import INT32_MAX, AdminJobListQuery, AdminJobOut, AdminJobPage
+from webapp.jobs import cancel, delete_finished
+from webapp.schemas import INT32_MAX, AdminEventPage, AdminJobListQuery, AdminJobOut, AdminJobPage, PageQuery
 
 bp = APIBlueprint("admin", __name__, url_prefix="/api/v1/admin", tag="Admin")
 ADMIN_ONLY = {403: "Not an admin"}
@@ -76,3 +81,41 @@ def cancel_any_job(job_id: int):
     require_admin()
     job, owner = _job_or_404(job_id, lock=True)
     return _with_owner(cancel(job), owner)
+
+
+@bp.delete("/jobs/<int:job_id>")
+@bp.auth_required(auth)
+@bp.output({}, status_code=204, description="Deleted: its run folder, checkpoints, metrics and samples are gone.")
+@bp.doc(
+    responses={
+        **ADMIN_ONLY,
+        404: "No such job",
+        409: "The job is queued, running or being cancelled (cancel it first), or was deleted already",
+    }
+)
+def delete_any_job(job_id: int):
+    """Delete any user's finished job and its results (admin)
+
+    As DELETE /api/v1/jobs/{id} does for its owner; the `deleted` event names the admin who deleted it.
+    """
+    require_admin()
+    job, _owner = _job_or_404(job_id, lock=True)
+    delete_finished(job, current_user())
+    return "", 204
+
+
+@bp.get("/jobs/<int:job_id>/events")
+@bp.auth_required(auth)
+@bp.input(PageQuery, location="query")
+@bp.output(AdminEventPage)
+@bp.doc(responses={**ADMIN_ONLY, 404: "No such job"})
+def list_any_job_events(job_id: int, query_data):
+    """List any user's job's events, oldest first, a deleted job's too (admin)"""
+    require_admin()
+    job, _owner = _job_or_404(job_id)
+    page, per_page = query_data["page"], query_data["per_page"]
+    total = db.session.scalar(select(func.count()).select_from(Event).where(Event.job_id == job.id))
+    items = db.session.scalars(
+        select(Event).where(Event.job_id == job.id).order_by(Event.id).offset((page - 1) * per_page).limit(per_page)
+    ).all()
+    return {"items": items, "total": total, "page": page, "per_page": per_page}

@@ -60,9 +60,10 @@ FINAL_STATUSES = (SUCCEEDED, FAILED, CANCELLED, PAUSED)
 # A job's training algorithm: its config's `algorithm`, kept in `Job.algorithm`.
 REINFORCE, PPO = "reinforce", "ppo"
 ALGORITHMS = (REINFORCE, PPO)
-# What a user may do to a job (POST /jobs/{id}/<action>); which of them apply now is `job_actions`.
-CANCEL, RESUME, RETRY = "cancel", "resume", "retry"
-ACTIONS = (CANCEL, RESUME, RETRY)
+# What a user may do to a job (POST /jobs/{id}/<action>; delete: DELETE /jobs/{id}); which of them apply now is
+# `job_actions`.
+CANCEL, RESUME, RETRY, DELETE = "cancel", "resume", "retry", "delete"
+ACTIONS = (CANCEL, RESUME, RETRY, DELETE)
 # Every allowed status change. A final job goes back to queued only through resume or retry.
 TRANSITIONS: dict[str, tuple[str, ...]] = {
     QUEUED: (RUNNING, CANCELLED, FAILED),
@@ -139,6 +140,10 @@ class Job(Base):
     # The run health alarms firing now (aligner/health.py names), kept by the worker's monitor; a restarted worker
     # reads them back, so an alarm is announced (and pauses) once per episode.
     alarms: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
+    # When its owner (or an admin) deleted it: the row stays as a tombstone that only admins see, with its events
+    # (the audit line, ending with a `deleted` event); its config, metrics, samples, checkpoints and run folder are
+    # gone (webapp/jobs.py delete_finished). A deleted job never changes status again (`transition`).
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     # has_checkpoint (bool) is mapped below Checkpoint.
 
     @property
@@ -372,14 +377,15 @@ def transition(session: Session, job: Job, status: str, **fields: Any) -> Event:
         column_values["started_at"] = func.coalesce(Job.started_at, now)
     applied = session.execute(
         update(Job)
-        .where(Job.id == job.id, Job.status == expected)
+        .where(Job.id == job.id, Job.status == expected, Job.deleted_at.is_(None))
         .values(**column_values)
         .execution_options(synchronize_session=False)
     )
     if applied.rowcount != 1:
-        current = session.scalar(select(Job.status).where(Job.id == job.id).execution_options(populate_existing=True))
+        row = session.execute(select(Job.status, Job.deleted_at).where(Job.id == job.id)).first()
+        current = "deleted" if row is None or row.deleted_at is not None else row.status
         raise TransitionConflict(
-            f"job {job.id} changed meanwhile: it is {current or 'deleted'} now, not {expected}; nothing was done"
+            f"job {job.id} changed meanwhile: it is {current} now, not {expected}; nothing was done"
         )
     for key, value in values.items():
         set_committed_value(job, key, value)
@@ -392,7 +398,16 @@ def refusal(job: Job, action: str) -> str | None:
 
     cancel: a queued or running job. A job being cancelled is refused here, though POST /cancel answers it 200 with
     nothing changed (a second click, a retried request). resume: a finished job (paused included) with a checkpoint,
-    unless it succeeded after all its steps. retry: a failed, cancelled or paused job."""
+    unless it succeeded after all its steps. retry: a failed, cancelled or paused job. delete: a finished job (paused
+    included); a queued, running or cancelling one must be cancelled first. Nothing applies to a deleted job."""
+    if action not in ACTIONS:
+        raise ValueError(f"unknown job action {action!r}; the actions are {', '.join(ACTIONS)}")
+    if job.deleted_at is not None:
+        return f"job {job.id} was deleted"
+    if action == DELETE:
+        if job.status in FINAL_STATUSES:
+            return None
+        return f"job {job.id} is {job.status}: cancel it first; only a finished job can be deleted"
     if action == CANCEL:
         if job.status in (QUEUED, RUNNING):
             return None
@@ -407,11 +422,9 @@ def refusal(job: Job, action: str) -> str | None:
         if not job.has_checkpoint:
             return f"job {job.id} has no checkpoint to resume from: retry it instead"
         return None
-    if action == RETRY:
-        if job.status in (FAILED, CANCELLED, PAUSED):
-            return None
-        return f"job {job.id} is {job.status}: only a failed, cancelled or paused job can be retried"
-    raise ValueError(f"unknown job action {action!r}; the actions are {', '.join(ACTIONS)}")
+    if job.status in (FAILED, CANCELLED, PAUSED):  # retry
+        return None
+    return f"job {job.id} is {job.status}: only a failed, cancelled or paused job can be retried"
 
 
 def job_actions(job: Job) -> list[str]:

@@ -335,6 +335,18 @@ def _references(data: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return refs
 
 
+def dataset_ids(stored: dict[str, Any]) -> set[int]:
+    """The ids of the datasets a job's stored config names (data.train_dataset, data.val_dataset): what a dataset's
+    deletion checks against (webapp/datasets.py)."""
+    ids = set()
+    for api_field, _train, what, _like in _references(stored):
+        section, name = _get(stored, api_field)
+        value = section.get(name) if section is not None and what == "dataset" else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            ids.add(value)
+    return ids
+
+
 def _server_only(data: dict[str, Any]) -> list[str]:
     """SERVER_ONLY's fields, and their like in each extra reward."""
     in_reward = [field.removeprefix("reward") for field in SERVER_ONLY if field.startswith("reward.")]

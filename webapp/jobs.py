@@ -1,12 +1,12 @@
-"""Jobs: create, list, get, cancel, resume, retry (`/api/v1/jobs`).
+"""Jobs: create, list, get, cancel, resume, retry, delete (`/api/v1/jobs`).
 
 Every status change goes through `webapp.db.transition` (the state machine, which also records the event that
 `GET /jobs/{id}/events` streams): one conditional UPDATE, so of two concurrent requests (two cancels, two resumes)
 one applies and the other gets 409 with nothing changed. A job is queued through
 `app.extensions["aligner_queue"].enqueue(job_id)` after its row is committed, so the worker always finds it; when the
 broker cannot take it, the job stays queued and the workers' sweep sends it again (worker/recovery.py). Which of
-cancel, resume and retry apply is decided in one place, `webapp.db.refusal`: the 409s below are its reasons, and every
-job the API returns lists the ones that apply as `actions`.
+cancel, resume, retry and delete apply is decided in one place, `webapp.db.refusal`: the 409s below are its reasons,
+and every job the API returns lists the ones that apply as `actions`.
 
 - cancel: queued -> cancelled at once; running -> cancelling (cancel_requested; the worker stops at the next step,
   saves a checkpoint and makes it cancelled); cancelling -> unchanged; a finished job -> 409.
@@ -18,30 +18,39 @@ job the API returns lists the ones that apply as `actions`.
 - retry: a failed, cancelled or paused job -> queued from scratch: its metrics, samples and checkpoints rows and its
   run folder are deleted, step and attempts go back to 0, its alarms are cleared. Its events are kept (the stream's
   ids only grow).
+- delete (DELETE /jobs/{id}, 204): a finished job (paused included); a queued, running or cancelling one -> 409
+  (cancel it first). Its metrics, samples and checkpoints rows and its run folder (checkpoints, logs, the final
+  policy) are deleted and its config is emptied; the job row stays as a tombstone (`deleted_at` set) with its events,
+  the samples' example texts taken out of them, and a last `deleted` event naming who deleted it: the audit line
+  admins read (webapp/admin.py). Its owner no longer sees it (404, not listed); nothing applies to it any more.
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from apiflask import APIBlueprint
 from flask import current_app
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 
 from webapp.auth import auth, current_user
 from webapp.db import (
     CANCEL,
     CANCELLED,
     CANCELLING,
+    DELETE,
     QUEUED,
     RESUME,
     RETRY,
     RUNS_DIR,
     Checkpoint,
+    Event,
     Job,
     Metric,
     Sample,
+    User,
     add_event,
     refusal,
     run_dir_for,
@@ -60,10 +69,11 @@ bp = APIBlueprint("jobs", __name__, url_prefix="/api/v1/jobs", tag="Jobs")
 
 
 def get_job_or_404(job_id: int, lock: bool = False) -> Job:
-    """The current user's job `job_id`; another user's job is 404 like a missing one. `lock`: SELECT FOR UPDATE."""
+    """The current user's job `job_id`; another user's job, and a deleted one, are 404 like a missing one. `lock`:
+    SELECT FOR UPDATE."""
     if job_id > INT32_MAX:
         abort_fields(404, f"job {job_id} not found")
-    query = select(Job).where(Job.id == job_id, Job.user_id == current_user().id)
+    query = select(Job).where(Job.id == job_id, Job.user_id == current_user().id, Job.deleted_at.is_(None))
     job = db.session.scalar(query.with_for_update() if lock else query)
     if job is None:
         abort_fields(404, f"job {job_id} not found")
@@ -156,7 +166,7 @@ def create_job(json_data, query_data):
 @bp.output(JobPage)
 def list_jobs(query_data):
     """List your jobs, newest first"""
-    where = [Job.user_id == current_user().id]
+    where = [Job.user_id == current_user().id, Job.deleted_at.is_(None)]
     if "status" in query_data:
         where.append(Job.status == query_data["status"])
     if "algorithm" in query_data:
@@ -253,12 +263,65 @@ def retry_job(job_id: int):
         "alarms": [],
     }
     transition(db.session, job, QUEUED, **fresh)  # first: a request that lost the race deletes nothing
-    for model in (Metric, Sample, Checkpoint):
-        db.session.execute(delete(model).where(model.job_id == job.id))
-    runs = (Path(current_app.config["DATA_DIR"]) / RUNS_DIR).resolve()
-    run_dir = Path(job.run_dir).resolve()
-    if run_dir.is_relative_to(runs) and run_dir != runs:  # only ever a folder the server made
-        shutil.rmtree(run_dir, ignore_errors=True)  # no worker has it yet: it is sent after the commit
+    _delete_results(job)  # no worker has it yet: it is sent after the commit
     db.session.commit()
     _enqueue(job)
     return job
+
+
+def _delete_results(job: Job) -> None:
+    """Delete the job's metrics, samples and checkpoints rows (in the session) and its run folder (at once), as retry
+    and delete do. The folder goes before the commit: a request that fails after it leaves the rows, and asking again
+    finishes the work; the other order could leave a folder no row names."""
+    for model in (Metric, Sample, Checkpoint):
+        db.session.execute(delete(model).where(model.job_id == job.id))
+    runs = (Path(current_app.config["DATA_DIR"]) / RUNS_DIR).resolve()
+    run_dir = Path(job.run_dir).resolve() if job.run_dir else runs
+    if run_dir.is_relative_to(runs) and run_dir != runs:  # only ever a folder the server made
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if run_dir.exists():
+            current_app.logger.warning("job %s: its run folder could not be removed entirely", job.id)
+
+
+@bp.delete("/<int:job_id>")
+@bp.auth_required(auth)
+@bp.output({}, status_code=204, description="Deleted: its run folder, checkpoints, metrics and samples are gone.")
+@bp.doc(
+    responses={
+        404: "No such job (or another user's, or deleted already)",
+        409: "The job is queued, running or being cancelled (cancel it first), or another request changed it first",
+    }
+)
+def delete_job(job_id: int):
+    """Delete a finished job and its results
+
+    A succeeded, failed, cancelled or paused job: its run folder (checkpoints, logs, the final policy), metrics,
+    samples and config are deleted and it leaves your job list. A queued or running job must be cancelled first
+    (409). Its events are kept for the operators' audit, ending with a `deleted` event.
+    """
+    delete_finished(get_job_or_404(job_id, lock=True), current_user())
+    return "", 204
+
+
+def delete_finished(job: Job, by: User) -> None:
+    """Delete `job` (locked by the caller) for `by` and commit: the tombstone and the files of DELETE /jobs/{id}."""
+    _refuse_unless(job, DELETE)
+    # One conditional UPDATE, as `transition` makes: of a delete and a concurrent resume or retry, one applies.
+    applied = db.session.execute(
+        update(Job)
+        .where(Job.id == job.id, Job.status == job.status, Job.deleted_at.is_(None))
+        .values(deleted_at=utcnow(), config={})
+        .execution_options(synchronize_session=False)
+    )
+    if applied.rowcount != 1:
+        abort_fields(409, f"job {job.id} changed meanwhile; nothing was deleted")
+    _delete_results(job)
+    for event in db.session.scalars(select(Event).where(Event.job_id == job.id, Event.kind == "samples")):
+        event.payload = _without_example(event.payload)
+    add_event(db.session, job.id, "deleted", {"status": job.status, "step": job.step, "deleted_by": by.name})
+    db.session.commit()
+
+
+def _without_example(payload: dict[str, Any]) -> dict[str, Any]:
+    """A samples event's payload without its example prompt and response: the samples' text goes with them."""
+    return {key: value for key, value in payload.items() if key != "example"}

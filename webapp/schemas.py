@@ -109,8 +109,8 @@ class JobOut(Schema):
         metadata={
             "description": "What may be done to the job in its state now, each a POST /jobs/{id}/<action>: cancel "
             "(queued or running), resume (finished or paused, with a checkpoint, unless it succeeded after all its "
-            "steps), retry (failed, cancelled or paused). Another action gets 409, except a cancel of a job being "
-            "cancelled, which changes nothing."
+            "steps), retry (failed, cancelled or paused); and delete, DELETE /jobs/{id} (finished or paused). Another "
+            "action gets 409, except a cancel of a job being cancelled, which changes nothing."
         },
     )
     config = Dict(keys=String(), required=True, metadata={"description": "The resolved config (every default)."})
@@ -442,6 +442,13 @@ class MeOut(Schema):
 # -------------------------------------------------------------------------------------------------------- admin
 class AdminJobOut(JobOut):
     user = String(required=True, metadata={"description": "The job's owner."})
+    deleted_at = UTCDateTime(
+        allow_none=True,
+        metadata={
+            "description": "When the job was deleted (its owner no longer sees it; its config and results are gone, "
+            "its events kept); null while it is not."
+        },
+    )
 
 
 class AdminJobListQuery(JobListQuery):
@@ -450,3 +457,17 @@ class AdminJobListQuery(JobListQuery):
 
 class AdminJobPage(PageOut):
     items = List(Nested(AdminJobOut), required=True)
+
+
+class AdminEventOut(Schema):
+    id = Integer(required=True)
+    kind = String(
+        required=True,
+        metadata={"description": "status, metrics, samples, checkpoint, log, health, or deleted (the job's last)."},
+    )
+    payload = Dict(keys=String(), required=True)
+    created_at = UTCDateTime(required=True)
+
+
+class AdminEventPage(PageOut):
+    items = List(Nested(AdminEventOut), required=True)

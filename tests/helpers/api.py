@@ -27,14 +27,14 @@ def create_job(client, token: str, config: dict, name: str = "job", **extra) -> 
 ACTIONS_BY_STATE = [
     ("queued", 0, False, ["cancel"]),
     ("running", 2, True, ["cancel"]),
-    ("cancelling", 2, True, []),  # a second cancel changes nothing: not offered
-    ("cancelled", 2, True, ["resume", "retry"]),
-    ("cancelled", 2, False, ["retry"]),  # nothing to resume from
-    ("failed", 2, True, ["resume", "retry"]),
-    ("failed", 5, True, ["resume", "retry"]),  # only a succeeded job's last step ends resuming
-    ("paused", 2, True, ["resume", "retry"]),
-    ("succeeded", 5, True, []),  # did all its steps
-    ("succeeded", 3, True, ["resume"]),  # stopped early
+    ("cancelling", 2, True, []),  # a second cancel changes nothing: not offered; nor a delete until it is cancelled
+    ("cancelled", 2, True, ["resume", "retry", "delete"]),
+    ("cancelled", 2, False, ["retry", "delete"]),  # nothing to resume from
+    ("failed", 2, True, ["resume", "retry", "delete"]),
+    ("failed", 5, True, ["resume", "retry", "delete"]),  # only a succeeded job's last step ends resuming
+    ("paused", 2, True, ["resume", "retry", "delete"]),
+    ("succeeded", 5, True, ["delete"]),  # did all its steps
+    ("succeeded", 3, True, ["resume", "delete"]),  # stopped early
 ]
 
 

@@ -81,3 +81,39 @@ ALGORITHMS = [(1, "ppo"), (2, "reinforce")]
 def children(conn) -> tuple[int, int]:
     """(metrics, checkpoints) rows in the database."""
     return tuple(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar() for table in ("metrics", "checkpoints"))
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_0007_adds_jobs_deleted_at_keeping_the_jobs_and_their_rows(backend, tmp_path):
+    """The tombstone column is added and dropped in place: the jobs and the rows that hang off them stay."""
+    with database_url(backend, tmp_path) as url:
+        engine = make_engine(url)
+        try:
+            upgrade(url, "0006", configure_logger=False)
+            with engine.begin() as conn:
+                conn.execute(text("INSERT INTO users (id, name, created_at, is_admin) VALUES (1, 'u', :t, false)"), T)
+                conn.execute(
+                    text(
+                        "INSERT INTO jobs (id, user_id, name, algorithm, status, config, run_dir, num_processes, "
+                        "created_at, cancel_requested, attempts, num_gpus, step, max_steps, alarms) VALUES "
+                        "(1, 1, 'j', 'ppo', 'failed', '{}', '', 1, :t, false, 0, 0, 2, 5, '[]')"
+                    ),
+                    T,
+                )
+                conn.execute(text("INSERT INTO metrics (job_id, step, name, value) VALUES (1, 1, 'm', 0.5)"))
+                conn.execute(
+                    text("INSERT INTO checkpoints (job_id, step, path, created_at) VALUES (1, 2, 'p', :t)"), T
+                )
+
+            upgrade(url, "0007", configure_logger=False)
+            with engine.connect() as conn:
+                assert conn.execute(text("SELECT id, deleted_at FROM jobs")).all() == [(1, None)]
+                assert children(conn) == (1, 1)
+
+            downgrade(url, "0006", configure_logger=False)
+            with engine.connect() as conn:
+                assert "deleted_at" not in {c["name"] for c in inspect(conn).get_columns("jobs")}
+                assert conn.execute(text("SELECT id, algorithm FROM jobs")).all() == [(1, "ppo")]
+                assert children(conn) == (1, 1)
+        finally:
+            engine.dispose()

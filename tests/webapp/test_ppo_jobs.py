@@ -94,7 +94,7 @@ def test_openapi_describes_the_job_type(client):
     job_out = spec["components"]["schemas"]["JobOut"]["properties"]
     assert job_out["algorithm"]["enum"] == ["reinforce", "ppo"] and not job_out["algorithm"].get("deprecated")
     assert job_out["kind"]["deprecated"] is True and "use `algorithm`" in job_out["kind"]["description"]
-    assert job_out["actions"]["items"]["enum"] == ["cancel", "resume", "retry"]
+    assert job_out["actions"]["items"]["enum"] == ["cancel", "resume", "retry", "delete"]
     params = {p["name"]: p for p in spec["paths"]["/api/v1/jobs"]["get"]["parameters"]}
     assert params["algorithm"]["schema"]["enum"] == ["reinforce", "ppo"]
     assert "ppo" in spec["components"]["schemas"]["JobIn"]["properties"]["config"]["description"]

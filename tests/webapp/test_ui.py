@@ -482,10 +482,59 @@ def test_the_jobs_tabs_buttons_follow_the_actions_the_api_lists(api_url, client,
         *buttons, known = update_actions(token, job_id, table, None)
         assert [b["interactive"] for b in buttons] == [a in actions for a in jobs_tab.ACTIONS], status
         assert known == [job_id, status]
-        assert update_actions(token, job_id, table, known) == [gr.skip()] * 4  # the same job and status: unasked
-    assert [b["interactive"] for b in update_actions(token, 999, table, None)[:3]] == [False] * 3  # no such job
-    assert [b["interactive"] for b in update_actions("", job_id, table, None)[:3]] == [False] * 3  # signed out
+        assert update_actions(token, job_id, table, known) == [gr.skip()] * 5  # the same job and status: unasked
+    assert [b["interactive"] for b in update_actions(token, 999, table, None)[:4]] == [False] * 4  # no such job
+    assert [b["interactive"] for b in update_actions("", job_id, table, None)[:4]] == [False] * 4  # signed out
     assert jobs_tab.ACTIONS == ACTIONS
+
+
+def test_deleting_a_job_from_the_jobs_tab_asks_first(api_url, client, token, config, db_session, tmp_path):
+    """Delete only shows a question saying what goes; the job asked about is deleted on the confirmation and leaves
+    the table; a job still running is refused with the API's reason."""
+    app = ui.build_app(api_url, tmp_path)
+    handlers = {fn.name: fn.fn for fn in app.fns.values()}
+    ask, delete = handlers["ask_to_delete"], handlers["delete_job"]
+    job_id = create_job(client, token, config, name="old run")["id"]
+    put_in_state(db_session, job_id, "failed", 2, True)
+    table = frames.jobs_frame(client.get("/api/v1/jobs", headers=bearer(token)).json)
+
+    row, question, message, asked = ask(table, job_id)
+    assert row == gr.update(visible=True) and message == "" and asked == job_id
+    assert question.startswith(f"**Delete job {job_id} (old run)?** Its checkpoints, final policy, metrics and")
+    assert client.get(f"/api/v1/jobs/{job_id}", headers=bearer(token)).status_code == 200  # asked, not done
+    assert ask(table, None) == (gr.update(visible=False), "", "Select a job first.", None)
+
+    running = create_job(client, token, config)["id"]
+    put_in_state(db_session, running, "running", 1, False)
+    # Confirmed after another job was selected: the job asked about is deleted, the selection stays.
+    message, table, row, selected, *auth = delete(token, asked, running)
+    assert message == f"Job {job_id} deleted." and row == gr.update(visible=False) and selected == running
+    assert table["id"].tolist() == [running] and unchanged(auth)
+    assert client.get(f"/api/v1/jobs/{job_id}", headers=bearer(token)).status_code == 404
+
+    message, table, *_rest = delete(token, running, running)
+    assert message == f"delete job {running}: job {running} is running: cancel it first; only a finished job can be " \
+                      "deleted" and table == gr.update()  # fmt: skip
+
+
+def test_deleting_a_dataset_from_the_new_job_tab_asks_first(session, api_url, token):
+    """The picked training dataset: a question naming it first, deleted on the confirmation, the lists refreshed
+    without it; a shared one is refused with the API's reason."""
+    mine = upload(api_url, token, "mine.jsonl")
+    lists = catalogue.form_choices(api.Api(api_url, token))
+    row, question, message, asked = new_job.ask_to_delete_dataset(lists, mine)
+    assert row == gr.update(visible=True) and message == "" and asked == mine
+    assert question.startswith("**Delete dataset mine.jsonl (3 prompts, yours)?** Its file is deleted for good.")
+    assert new_job.ask_to_delete_dataset(lists, None)[0] == gr.update(visible=False)
+
+    message, row, choices, *_rest = new_job.delete_dataset(session, token, mine, {"train_dataset": mine})
+    assert message == f"Deleted dataset {mine}." and row == gr.update(visible=False)
+    assert mine not in [value for _label, value in choices["train_dataset"]]
+
+    shared = choices["train_dataset"][0][1]
+    message, row, *rest = new_job.delete_dataset(session, token, shared, {})
+    assert message.startswith(f"**Dataset {shared} was not deleted** (403)") and unchanged(rest)
+    assert new_job.delete_dataset(session, "", shared, {})[0] == "Sign in before deleting a dataset."
 
 
 def test_a_rejected_token_signs_the_tab_out_instead_of_being_sent_again(session, app, api_url, token, db_session):

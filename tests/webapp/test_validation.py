@@ -117,7 +117,8 @@ def test_bad_query_parameters_are_422_and_unknown_ids_404(client, token, config)
         assert response.status_code == 404, suffix
     assert client.get("/api/v1/jobs/99999999999999", headers=bearer(token)).status_code == 404
     assert client.get("/api/v1/jobs/abc", headers=bearer(token)).status_code == 404
-    assert client.delete(f"/api/v1/jobs/{job['id']}", headers=bearer(token)).status_code == 405
+    assert client.put(f"/api/v1/jobs/{job['id']}", headers=bearer(token)).status_code == 405
+    assert client.delete(f"/api/v1/jobs/{job['id']}", headers=bearer(token)).status_code == 409  # queued: cancel first
 
 
 def test_deeply_nested_json_is_400_not_a_recursion_error(client, token):

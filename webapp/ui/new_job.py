@@ -1,6 +1,7 @@
-"""The New job tab: the form (a preset fills it), a prompt file uploaded from it, "Try the reward" on a few prompts,
-the dry run and Submit. An API refusal shows under the one field it names (webapp/ui/form.py error_field) and in the
-message; a field's error goes when the field changes, and all of them on the next try, dry run or submit.
+"""The New job tab: the form (a preset fills it), a prompt file uploaded from it (and the picked training dataset
+deleted, after a confirmation), "Try the reward" on a few prompts, the dry run and Submit. An API refusal shows under
+the one field it names (webapp/ui/form.py error_field) and in the message; a field's error goes when the field
+changes, and all of them on the next try, dry run or submit.
 
 No `from __future__ import annotations` here: Gradio reads handlers' hints (gr.Progress) as classes.
 """
@@ -192,6 +193,41 @@ def upload_dataset(session: Session, token: str, file_path: str | None, picked: 
     return [message, *form_lists(session, token, picked)]
 
 
+def ask_to_delete_dataset(lists: dict[str, Any], dataset_id: Any) -> list:
+    """[the confirmation row, its question, message, the dataset asked about]: what deleting the picked training
+    dataset would do; the confirmation deletes that one, whatever is picked by then."""
+    if dataset_id in (None, ""):
+        return [gr.update(visible=False), "", "Pick the dataset to delete as the training dataset first.", None]
+    label = next((label for label, value in lists.get("train_dataset", []) if value == dataset_id), dataset_id)
+    question = (
+        f"**Delete dataset {label}?** Its file is deleted for good. Jobs that finished with it keep their results; "
+        "it cannot be deleted while a queued or running job uses it."
+    )
+    return [gr.update(visible=True), question, "", dataset_id]
+
+
+def delete_dataset(session: Session, token: str, dataset_id: Any, picked: dict[str, Any]) -> list:
+    """[message, the confirmation row, then form_lists' outputs]: DELETE /datasets/{id} once confirmed, the lists
+    refreshed without it (a picker that held it takes the first choice)."""
+    hide = gr.update(visible=False)
+    keep = [gr.update(), gr.update(), *[gr.update() for _ in PICKERS], gr.update(), *session.unchanged()]
+    if not token:
+        return ["Sign in before deleting a dataset.", hide, *keep]
+    if isinstance(dataset_id, str) and dataset_id.strip().isdecimal():
+        dataset_id = int(dataset_id)
+    if isinstance(dataset_id, bool) or not isinstance(dataset_id, int):
+        return ["Pick one of the listed datasets (by its id) to delete.", hide, *keep]
+    try:
+        session.api(token).delete(f"/datasets/{dataset_id}")
+    except ApiError as err:
+        if err.rejected:
+            return [f"**Not deleted**: {REJECTED}", hide, *keep[:-2], *session.signed_out()]
+        return [refusal_markdown(f"Dataset {dataset_id} was not deleted", err.status, err.message, err.errors), hide,
+                *keep]  # fmt: skip
+    picked = {key: (None if value == dataset_id else value) for key, value in picked.items()}
+    return [f"Deleted dataset {dataset_id}.", hide, *form_lists(session, token, picked)]
+
+
 def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None:
     """The form (a preset fills it; its drop-downs list the catalogue and your datasets, filled at sign-in and by
     Refresh lists; a prompt file uploaded here is picked at once), the advanced YAML under it (the sections that
@@ -202,6 +238,7 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
             refresh = gr.Button("Refresh lists", elem_id="refresh-lists", scale=1)
         lists_msg = gr.Markdown("Sign in to fill the lists from the catalogue.", elem_id="lists-msg")
         lists = gr.State({})
+        asked = gr.State(None)  # the dataset the delete question is about
         inputs: dict[str, Any] = {}
         errs: dict[str, Any] = {}
         columns: dict[str, Any] = {}
@@ -220,6 +257,11 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
                     upload = gr.File(label='Upload prompts (JSONL, one {"prompt": ...} a line)', file_types=[".jsonl"],
                                      type="filepath", elem_id="f-upload", height=90, scale=2)  # fmt: skip
                     upload_msg = gr.Markdown(elem_id="upload-msg")
+                    delete_ds = gr.Button("Delete the training dataset…", elem_id="delete-dataset", scale=1)
+                with gr.Row(visible=False, elem_id="delete-dataset-row") as delete_ds_row:
+                    delete_ds_msg = gr.Markdown(elem_id="confirm-delete-dataset-msg")
+                    confirm_ds = gr.Button("Confirm: delete it", elem_id="confirm-delete-dataset", variant="stop")
+                    keep_ds = gr.Button("Keep it", elem_id="keep-dataset")
         with gr.Accordion("Try the reward on a few prompts", open=True, elem_id="try-panel"):
             with gr.Row():
                 try_prompts = gr.Slider(*TRY_PROMPTS[:2], value=TRY_PROMPTS[2], step=1, label="Prompts",
@@ -263,6 +305,9 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
     def do_upload(token: str, file_path, *picked):
         return upload_dataset(session, token, file_path, dict(zip(PICKERS, picked, strict=True)))
 
+    def do_delete_dataset(token: str, dataset_id, *picked):
+        return delete_dataset(session, token, dataset_id, dict(zip(PICKERS, picked, strict=True)))
+
     def apply_preset(name: str, choices: dict, *picked):
         """The preset's values; a drop-down it names nothing in keeps its pick (the defaults name no entries)."""
         chosen = preset_map.get(name, preset_map["defaults"])
@@ -289,6 +334,10 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
     for trigger in (refresh.click, session.token.change):
         trigger(refresh_lists, [session.token, *pickers], list_outputs)
     upload.upload(do_upload, [session.token, upload, *pickers], [upload_msg, *list_outputs])
+    delete_ds.click(ask_to_delete_dataset, [lists, inputs["train_dataset"]],
+                    [delete_ds_row, delete_ds_msg, upload_msg, asked])  # fmt: skip
+    confirm_ds.click(do_delete_dataset, [session.token, asked, *pickers], [upload_msg, delete_ds_row, *list_outputs])
+    keep_ds.click(lambda: (gr.update(visible=False), "Kept."), None, [delete_ds_row, upload_msg])
     preset.change(apply_preset, [preset, lists, *pickers], [*inputs.values(), advanced])
     for key in ("algorithm", "reward_source", "critic_source"):
         inputs[key].change(toggle, list(inputs.values()), [columns[key] for key in TOGGLED])
