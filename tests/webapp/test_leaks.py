@@ -1,0 +1,108 @@
+"""What leaves the service: no secret, no server path, no URL with credentials, no function target reaches a user,
+in errors, events, dry-run messages, API fields or downloads (docs/security.md, "What leaves the service")."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from sqlalchemy import select
+
+from tests.helpers.api import bearer, create_job
+from tests.helpers.catalogue import register_model
+from webapp.db import Job, RewardFunction, ServerEndpoint, add_event, transition
+
+PASSWORD = "pa55word-xyz"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def secret_server(db_session) -> str:
+    """The URL of the catalogue's reward server `rm-secret`: a password in it, nothing listening."""
+    url = f"http://alice:{PASSWORD}@127.0.0.1:{_closed_port()}"
+    with db_session() as session:
+        session.add(ServerEndpoint(name="rm-secret", kind="reward", url=url, model_name="reward_model"))
+    return url
+
+
+def _leaks(text: str, *secrets: str) -> list[str]:
+    return [secret for secret in secrets if secret in text]
+
+
+@pytest.mark.slow
+def test_a_reward_try_names_the_server_never_its_url_or_password(
+    client, token, secret_server, db_session, tiny_policy_dir
+):
+    with db_session() as session:
+        register_model(session, tiny_policy_dir, "policy", "tiny-real")
+    config = {
+        "model": {"policy": "tiny-real", "num_threads": 1},
+        "data": {"train_dataset": "train.jsonl"},
+        "reward": {"server": "rm-secret", "unavailable_timeout_s": 0.2},
+        "generation": {"max_new_tokens": 2},
+    }
+    response = client.post("/api/v1/rewards/try", json={"config": config, "num_prompts": 1, "num_samples": 2},
+                           headers=bearer(token))  # fmt: skip
+    assert response.status_code == 422, response.json
+    text = response.get_data(as_text=True)
+    host = secret_server.rsplit("@", 1)[1]
+    assert not _leaks(text, PASSWORD, "alice", host, str(tiny_policy_dir)), text
+    assert "<server rm-secret>" in text
+
+
+def test_a_failed_jobs_error_and_events_name_entries_never_paths_or_urls(
+    client, token, config, secret_server, db_session, data_dir
+):
+    job = create_job(client, token, config)
+    with db_session() as session:
+        session.add(RewardFunction(name="checker", target="mypkg.rewards:score"))
+        session.flush()
+        row = session.get(Job, job["id"])
+        model = str((data_dir / "models" / "tiny-sft").resolve())
+        said = (
+            f"reward server {secret_server} cannot be reached; loading {model}/config.json; "
+            f"in {row.run_dir}/train.log; mypkg.rewards:score raised; datasets at {data_dir.resolve()}/datasets"
+        )
+        add_event(session, row.id, "log", {"message": said, "level": "warning", "url": secret_server})
+        transition(session, row, "running")
+        transition(session, row, "failed", error=said)
+    shown = client.get(f"/api/v1/jobs/{job['id']}", headers=bearer(token)).json["error"]
+    events = client.get(f"/api/v1/jobs/{job['id']}/events", headers=bearer(token)).get_data(as_text=True)
+    for text in (shown, events):
+        assert not _leaks(text, PASSWORD, secret_server, str(data_dir.resolve()), "mypkg.rewards"), text
+    assert shown == (
+        "reward server <server rm-secret> cannot be reached; loading <model tiny-sft>/config.json; in <run "
+        "folder>/train.log; <reward function checker> raised; datasets at <data dir>/datasets"
+    )
+    with db_session() as session:  # the row holds the same words: nothing said is kept elsewhere
+        assert PASSWORD not in session.scalar(select(Job.error).where(Job.id == job["id"]))
+
+
+def test_health_says_database_unavailable_never_the_drivers_error(tmp_path, caplog):
+    from webapp import create_app
+    from webapp.queues import InMemoryQueue
+
+    url = f"sqlite:///{tmp_path}/no/such/dir/secret-name.db"
+    app = create_app({"DATA_DIR": str(tmp_path), "DATABASE_URL": url, "JOB_QUEUE": InMemoryQueue()})
+    response = app.test_client().get("/api/v1/health")
+    assert response.status_code == 503
+    assert response.json["database"] == "database unavailable" and "unable to open" not in response.text
+    assert "unable to open" in caplog.text  # the operator reads why in the log
+
+
+def test_the_cheap_checks_name_the_catalogue_entry_never_its_folder(client, token, config, db_session, data_dir):
+    folder = data_dir / "models" / "broken"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    with db_session() as session:
+        register_model(session, folder, "policy", "broken")
+    config["model"] = {"policy": "broken"}
+    for query in ("", "?dry_run=true"):
+        response = client.post(f"/api/v1/jobs{query}", json={"name": "x", "config": config}, headers=bearer(token))
+        text = response.get_data(as_text=True)
+        assert "'broken'" in text and not _leaks(text, str(folder), str(data_dir)), text
