@@ -337,7 +337,9 @@ class DatasetPage(PageOut):
 # ------------------------------------------------------------------------------------------------------- health
 class HealthOut(Schema):
     status = String(required=True, metadata={"enum": ["ok", "error"]})
-    database = String(required=True, metadata={"description": "ok, or why the database cannot be reached."})
+    database = String(
+        required=True, metadata={"description": 'ok, or "database unavailable" (the reason is in the server\'s log).'}
+    )
     version = String(required=True)
 
 
