@@ -327,6 +327,15 @@ def _job_run_dir(session: Session, job_id: int) -> str | None:
     return job.run_dir if job is not None else None
 
 
+def run_dir_name(run_dir: str | Path | None) -> str | None:
+    """A run folder as users see it: relative to the data folder (`runs/job_ID`) when it is one the service made,
+    else its name; never the server's absolute path."""
+    if not run_dir:
+        return run_dir
+    run = Path(run_dir)
+    return f"{RUNS_DIR}/{run.name}" if run.parent.name == RUNS_DIR else run.name
+
+
 def column_values(row: Base) -> dict[str, Any]:
     """A row's columns by name: what a response is built from when it adds or hides fields."""
     return {column.name: getattr(row, column.name) for column in row.__table__.columns}

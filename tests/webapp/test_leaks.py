@@ -3,14 +3,19 @@ in errors, events, dry-run messages, API fields or downloads (docs/security.md, 
 
 from __future__ import annotations
 
+import io
+import json
 import socket
+import zipfile
+from pathlib import Path
 
 import pytest
+import yaml
 from sqlalchemy import select
 
 from tests.helpers.api import bearer, create_job
 from tests.helpers.catalogue import register_model
-from webapp.db import Job, RewardFunction, ServerEndpoint, add_event, transition
+from webapp.db import Checkpoint, Job, RewardFunction, ServerEndpoint, add_event, transition
 
 PASSWORD = "pa55word-xyz"
 
@@ -106,3 +111,77 @@ def test_the_cheap_checks_name_the_catalogue_entry_never_its_folder(client, toke
         response = client.post(f"/api/v1/jobs{query}", json={"name": "x", "config": config}, headers=bearer(token))
         text = response.get_data(as_text=True)
         assert "'broken'" in text and not _leaks(text, str(folder), str(data_dir)), text
+
+
+def _checkpoint(data_dir: Path, job: dict, db_session, step: int = 2) -> Path:
+    """A checkpoint folder of `job` as the trainer leaves it: its config.yaml holds the server's paths and URLs."""
+    folder = data_dir / job["run_dir"] / "checkpoints" / f"step_{step:06d}"
+    (folder / "policy").mkdir(parents=True)
+    (folder / "trainer_state.pt").write_bytes(b"\1" * 10)
+    with db_session() as session:
+        session.add(Checkpoint(job_id=job["id"], step=step, path=str(folder.resolve())))
+    return folder
+
+
+def test_a_checkpoint_zip_names_catalogue_entries_and_follows_no_symlink(
+    client, token, config, secret_server, db_session, data_dir
+):
+    config["reward"] = {"server": "rm-secret"}
+    job = create_job(client, token, config)
+    folder = _checkpoint(data_dir, job, db_session)
+    model = str((data_dir / "models" / "tiny-sft").resolve())
+    (folder / "config.yaml").write_text(f"model:\n  policy_path: {model}\nreward:\n  server_url: {secret_server}\n")
+    (folder / "policy" / "config.json").write_text(json.dumps({"_name_or_path": model, "model_type": "llama"}))
+    (folder / "passwd").symlink_to("/etc/passwd")  # planted: must not be followed
+    (folder / "models").symlink_to(data_dir / "models", target_is_directory=True)
+    response = client.get(f"/api/v1/jobs/{job['id']}/checkpoints/2/download", headers=bearer(token))
+    assert response.status_code == 200
+    with zipfile.ZipFile(io.BytesIO(response.data)) as archive:
+        names = sorted(archive.namelist())
+        assert names == ["step_000002/config.yaml", "step_000002/policy/config.json", "step_000002/trainer_state.pt"]
+        shown = yaml.safe_load(archive.read("step_000002/config.yaml"))
+        everything = b"".join(archive.read(name) for name in names).decode(errors="replace")
+    response.close()
+    assert shown["model"]["policy"] == "tiny-sft" and shown["reward"]["server"] == "rm-secret"
+    assert shown["run_dir"] == job["run_dir"] == f"runs/job_{job['id']}"
+    assert not _leaks(everything, PASSWORD, secret_server, model, str(data_dir.resolve())), everything
+    assert "<model tiny-sft>" in everything  # transformers' _name_or_path, named
+
+
+def test_the_final_policy_zip_follows_no_symlink(client, token, config, db_session, data_dir):
+    job = create_job(client, token, config)
+    policy = data_dir / job["run_dir"] / "final_policy"
+    policy.mkdir(parents=True)
+    (policy / "model.safetensors").write_bytes(b"\0" * 10)
+    (policy / "tokenizer.json").symlink_to("/etc/passwd")
+    response = client.get(f"/api/v1/jobs/{job['id']}/model", headers=bearer(token))
+    with zipfile.ZipFile(io.BytesIO(response.data)) as archive:
+        assert archive.namelist() == ["final_policy/model.safetensors"]
+    response.close()
+
+
+def test_checkpoints_are_listed_by_step_and_size_never_the_servers_path(client, token, config, db_session, data_dir):
+    job = create_job(client, token, config)
+    _checkpoint(data_dir, job, db_session)
+    (item,) = client.get(f"/api/v1/jobs/{job['id']}/checkpoints", headers=bearer(token)).json["items"]
+    assert item["step"] == 2 and item["size_bytes"] == 10 and item["path"] == "checkpoints/step_000002"
+    shown = client.get(f"/api/v1/jobs/{job['id']}", headers=bearer(token)).json
+    assert str(data_dir.resolve()) not in json.dumps(shown)
+    spec = client.get("/api/v1/openapi.json").json["components"]["schemas"]
+    assert spec["CheckpointOut"]["properties"]["path"]["deprecated"] is True
+    assert spec["JobOut"]["properties"]["run_dir"]["deprecated"] is True
+
+
+def test_downloads_are_capped_per_user(app, client, token, other_token, config, db_session, data_dir):
+    job = create_job(client, token, config)
+    _checkpoint(data_dir, job, db_session)
+    app.config["MAX_DOWNLOADS_PER_USER"] = 1
+    url = f"/api/v1/jobs/{job['id']}/checkpoints/2/download"
+    first = client.get(url, headers=bearer(token), buffered=False)  # still being sent: holds the slot
+    assert first.status_code == 200
+    second = client.get(url, headers=bearer(token))
+    assert second.status_code == 429 and "downloads" in second.json["message"]
+    first.close()  # sent: the slot comes back
+    again = client.get(url, headers=bearer(token))
+    assert again.status_code == 200
+    again.close()
