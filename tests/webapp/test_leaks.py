@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
+import time
 import zipfile
 from pathlib import Path
 
@@ -185,3 +187,16 @@ def test_downloads_are_capped_per_user(app, client, token, other_token, config, 
     again = client.get(url, headers=bearer(token))
     assert again.status_code == 200
     again.close()
+
+
+def test_the_dashboard_sweeps_the_checkpoint_zips_it_fetched():
+    from webapp.ui import job_page
+
+    folder = job_page.download_dir()
+    old, new = folder / "job_1_step_000002_old.zip", folder / "job_1_step_000004_new.zip"
+    old.write_bytes(b"x")
+    new.write_bytes(b"y")
+    os.utime(old, (time.time() - job_page.DOWNLOAD_MAX_AGE_S - 5,) * 2)
+    assert job_page.download_dir() == folder  # one folder per process, removed at exit
+    assert not old.exists() and new.exists()
+    new.unlink()

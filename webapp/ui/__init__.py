@@ -28,7 +28,9 @@ def build_app(api_url: str, data_dir: Path | None = None):
     from webapp.ui import compare, job_page, jobs_tab, new_job, samples, tabs
     from webapp.ui.form import presets
 
-    with gr.Blocks(title="Aligner") as app:
+    # Gradio keeps a copy of every file it serves (checkpoint zips): swept hourly of those older than an hour, and
+    # removed when the dashboard stops.
+    with gr.Blocks(title="Aligner", delete_cache=(3600, 3600)) as app:
         session, sign_in = tabs.header(api_url)
         with gr.Tabs():
             jobs_table = jobs_tab.jobs_tab(session)
