@@ -7,10 +7,12 @@ import datetime as dt
 from apiflask import Schema
 from apiflask.fields import Boolean, DateTime, Dict, File, Float, Integer, List, Nested, String, Tuple
 from apiflask.validators import Length, OneOf, Range
+from flask import current_app, has_app_context
 from marshmallow import ValidationError, post_dump
 
 from aligner.metrics import TRAIN_REWARD
-from webapp.db import ACTIONS, ALGORITHMS, MODEL_KINDS, SERVER_KINDS, STATUSES, run_dir_name
+from webapp.db import ACTIONS, ALGORITHMS, MODEL_KINDS, SERVER_KINDS, STATUSES, run_dir_name, service_redactor
+from webapp.extensions import db
 
 INT32_MAX = 2**31 - 1  # integer columns are 32-bit on PostgreSQL: larger ids and steps cannot exist
 MAX_GPUS_PER_JOB = 64
@@ -151,7 +153,11 @@ class JobOut(Schema):
 
     @post_dump
     def _no_server_paths(self, data, **kwargs):
-        """The run folder by its relative name, here and in the config (users never see the server's paths)."""
+        """The run folder by its relative name, here and in the config (users never see the server's paths); the
+        error through the service's redactor once more: a row stored before errors were redacted is shown so too."""
+        if data.get("error") and has_app_context():
+            redactor = service_redactor(db.session, data.get("run_dir"), current_app.config["DATA_DIR"])
+            data["error"] = redactor.text(data["error"])
         data["run_dir"] = run_dir_name(data.get("run_dir"))
         if isinstance(data.get("config"), dict) and "run_dir" in data["config"]:
             data["config"] = {**data["config"], "run_dir": run_dir_name(data["config"]["run_dir"])}

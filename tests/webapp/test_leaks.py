@@ -200,3 +200,11 @@ def test_the_dashboard_sweeps_the_checkpoint_zips_it_fetched():
     assert job_page.download_dir() == folder  # one folder per process, removed at exit
     assert not old.exists() and new.exists()
     new.unlink()
+
+
+def test_an_error_stored_before_redaction_is_shown_redacted(client, token, config, secret_server, db_session):
+    job = create_job(client, token, config)
+    with db_session() as session:  # written as an older version did: straight into the row
+        session.get(Job, job["id"]).error = f"reward server {secret_server} cannot be reached"
+    for url in (f"/api/v1/jobs/{job['id']}", "/api/v1/jobs"):
+        assert PASSWORD not in client.get(url, headers=bearer(token)).get_data(as_text=True)
