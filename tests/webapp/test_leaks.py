@@ -208,3 +208,14 @@ def test_an_error_stored_before_redaction_is_shown_redacted(client, token, confi
         session.get(Job, job["id"]).error = f"reward server {secret_server} cannot be reached"
     for url in (f"/api/v1/jobs/{job['id']}", "/api/v1/jobs"):
         assert PASSWORD not in client.get(url, headers=bearer(token)).get_data(as_text=True)
+
+
+def test_a_config_error_quoting_a_catalogue_folder_names_the_entry(client, token, config, data_dir, monkeypatch):
+    from webapp import jobs
+
+    model = str((data_dir / "models" / "tiny-sft").resolve())
+    said = {"config.model.policy": [f"cannot read {model}/config.json"]}  # as aligner's validation may word it
+    monkeypatch.setattr(jobs, "validate_job_config", lambda *args: said)
+    response = client.post("/api/v1/jobs", json={"name": "x", "config": config}, headers=bearer(token))
+    assert response.status_code == 422
+    assert response.json["errors"] == {"config.model.policy": ["cannot read <model tiny-sft>/config.json"]}
