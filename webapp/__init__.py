@@ -30,6 +30,7 @@ Limits (webapp/limits.py, docs/security.md "Limits"), each defaulting to its fie
     MAX_DATASET_BYTES_PER_USER   all of a user's uploads, then 413
     MAX_EVENT_STREAMS_PER_USER   open event streams per API process, then 429
     MAX_TRIES_PER_USER           reward tries running per API process, then 429
+    MAX_DOWNLOADS_PER_USER       checkpoint and policy downloads being built or sent per API process, then 429
 
 The Flask pieces are imported inside create_app: the worker imports webapp.db without needing them.
 """

@@ -49,6 +49,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, column_property, ma
 from sqlalchemy.orm.attributes import set_committed_value
 
 from aligner.errors import AlignerError
+from aligner.redact import Redactor, redact_url, url_secrets
 from webapp.settings import service_settings
 
 RUNS_DIR = "runs"  # in the data folder: one run folder per job, job_ID (`run_dir_for`)
@@ -281,6 +282,65 @@ def run_dir_for(data_dir: str | Path, job_id: int) -> Path:
     return Path(data_dir) / RUNS_DIR / f"job_{job_id}"
 
 
+# ------------------------------------------------------------------------------------------------- redaction
+DATA_DIR_NAME = "<data dir>"  # what messages say instead of the server's data folder
+RUN_DIR_NAME = "<run folder>"  # ... instead of a job's run folder
+
+
+def service_redactor(session: Session, run_dir: str | Path | None = None, data_dir: str | Path | None = None):
+    """A `Redactor` (aligner/redact.py) of what is the server's own and never goes to a user: each catalogue model's
+    folder, server URL (with and without credentials) and reward function target, replaced by the entry's name
+    (`<model sft-7b>`, `<server rm-prod>`, `<reward function my-checker>`); a job's `run_dir` (`<run folder>`), the
+    data folder (`data_dir`, the one `run_dir` lies in, the settings'; `<data dir>`); the database's password.
+    Kept in the session's `info` for its life (sessions are short: a request, an ingest tick)."""
+    key = ("redactor", str(run_dir), str(data_dir))
+    cached = session.info.get(key)
+    if cached is not None:
+        return cached
+    names: dict[str, str] = {}
+    for name, path in session.execute(select(CatalogueModel.name, CatalogueModel.path)):
+        names[path] = f"<model {name}>"
+    for name, target in session.execute(select(RewardFunction.name, RewardFunction.target)):
+        names[target] = f"<reward function {name}>"
+    for name, url in session.execute(select(ServerEndpoint.name, ServerEndpoint.url)):
+        shown = f"<server {name}>"
+        for spelling in (url, url.rstrip("/"), redact_url(url), redact_url(url).rstrip("/")):
+            names[spelling] = shown
+        names.update(dict.fromkeys(url_secrets(url), "***"))
+    folders = [Path(d).resolve() for d in (data_dir, service_settings().data_dir) if d]
+    if run_dir and Path(run_dir).is_absolute():
+        run = Path(run_dir)
+        names[str(run)] = names[str(run.resolve())] = RUN_DIR_NAME
+        if run.parent.name == RUNS_DIR:
+            folders.append(run.parent.parent)
+    for folder in folders:
+        if len(folder.parts) > 1:  # never "/": every path would go
+            names[str(folder)] = DATA_DIR_NAME
+    bind = session.get_bind()
+    password = getattr(getattr(bind, "url", None), "password", None)
+    if password:
+        names[str(password)] = "***"
+    names.pop("", None)
+    names.pop(".", None)
+    redactor = Redactor(names)
+    session.info[key] = redactor
+    return redactor
+
+
+def _job_run_dir(session: Session, job_id: int) -> str | None:
+    job = session.get(Job, job_id)
+    return job.run_dir if job is not None else None
+
+
+def run_dir_name(run_dir: str | Path | None) -> str | None:
+    """A run folder as users see it: relative to the data folder (`runs/job_ID`) when it is one the service made,
+    else its name; never the server's absolute path."""
+    if not run_dir:
+        return run_dir
+    run = Path(run_dir)
+    return f"{RUNS_DIR}/{run.name}" if run.parent.name == RUNS_DIR else run.name
+
+
 def column_values(row: Base) -> dict[str, Any]:
     """A row's columns by name: what a response is built from when it adds or hides fields."""
     return {column.name: getattr(row, column.name) for column in row.__table__.columns}
@@ -372,6 +432,8 @@ def transition(session: Session, job: Job, status: str, **fields: Any) -> Event:
     if status == QUEUED:
         values.update(finished_at=None, error=None, cancel_requested=False, queued_at=now)
     values.update(fields)
+    if isinstance(values.get("error"), str):  # the last line before a user reads it (trainer logs hold paths)
+        values["error"] = service_redactor(session, job.run_dir).text(values["error"])
     column_values = {**values}
     if status == RUNNING:  # never overwrite a start time another writer set meanwhile
         column_values["started_at"] = func.coalesce(Job.started_at, now)
@@ -434,6 +496,9 @@ def job_actions(job: Job) -> list[str]:
 
 
 def add_event(session: Session, job_id: int, kind: str, payload: dict[str, Any]) -> Event:
+    """Record an event of the job; its text goes through `service_redactor` first: events reach users verbatim."""
+    if any(isinstance(v, str | dict | list) for v in payload.values()):
+        payload = service_redactor(session, _job_run_dir(session, job_id)).value(payload)
     ev = Event(job_id=job_id, kind=kind, payload=payload)
     session.add(ev)
     return ev

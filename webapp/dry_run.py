@@ -17,7 +17,7 @@ from flask import Response, current_app
 from aligner.config import TrainConfig
 from webapp.extensions import db
 from webapp.limits import try_slot
-from webapp.rewards_try import TryFailed, run_try
+from webapp.rewards_try import TryFailed, redacted, run_try
 from webapp.schemas import PreflightOut
 
 # The dry run's try: small, so it answers in seconds; the estimate scales from it.
@@ -52,13 +52,13 @@ def dry_run(train: TrainConfig, stored: dict[str, Any], checks: list[dict[str, A
             db.close_session()  # no connection held while the try runs
             outcome = run_try(train, DRY_RUN_PROMPTS, DRY_RUN_SAMPLES, current_app.config["TRY_TIMEOUT_S"])
         except TryFailed as err:
-            reasons = "; ".join(reason for field in err.errors.values() for reason in field)
+            reasons = "; ".join(reason for field in redacted(err.errors).values() for reason in field)
             checks.append(_check("reward", False, reasons, start))
             checks.append(_check("step_time", False, "not estimated: the reward try failed", start, 0.0))
         else:
             result = outcome.result
             rewards = ", ".join(f"{sample['reward']:.3g}" for sample in result["samples"])
-            warned = f"; warnings: {'; '.join(result['warnings'])}" if result["warnings"] else ""
+            warned = f"; warnings: {'; '.join(redacted(result['warnings']))}" if result["warnings"] else ""
             message = f"{len(result['samples'])} samples scored: {rewards}{warned}"
             checks.append(_check("reward", True, message, start))
             estimate = estimate_step_s(train, outcome.train, result["timings"])

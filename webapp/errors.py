@@ -12,10 +12,12 @@ from typing import Any, NoReturn
 
 from apiflask import APIFlask, HTTPError
 from flask import current_app, request
+from sqlalchemy.exc import SQLAlchemyError
 from webargs.core import parse_json
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from webapp.db import TransitionConflict
+from webapp.db import TransitionConflict, service_redactor
+from webapp.extensions import db
 
 # Where webargs found the input; dropped from the field names (`json.config.x` -> `config.x`).
 LOCATIONS = ("json", "query", "querystring", "form", "files", "form_and_files", "json_or_form", "headers", "view_args")
@@ -43,8 +45,18 @@ ERROR_SCHEMA = {
 
 
 def abort_fields(status: int, message: str, errors: dict[str, list[str]] | None = None) -> NoReturn:
-    """Stop the request with `status` and the per-field reasons."""
+    """Stop the request with `status` and the per-field reasons. A 422's reasons pass the service's redactor
+    (`webapp.db.service_redactor`): a config's errors may quote what its names were turned into (folders, URLs)."""
+    if status == 422 and errors:
+        errors = _redacted(errors)
     raise HTTPError(status, message, extra_data={"errors": errors or {}})
+
+
+def _redacted(errors: dict[str, list[str]]) -> dict[str, list[str]]:
+    try:
+        return service_redactor(db.session, data_dir=current_app.config["DATA_DIR"]).value(errors)
+    except SQLAlchemyError:  # no catalogue to read: the reasons as they are (the core names no secrets itself)
+        return errors
 
 
 def flatten(messages: Any, prefix: str = "") -> dict[str, list[str]]:

@@ -46,8 +46,10 @@ LIMIT_SETTINGS = {
     "MAX_DATASET_BYTES_PER_USER": "max_dataset_bytes",
     "MAX_EVENT_STREAMS_PER_USER": "max_event_streams",
     "MAX_TRIES_PER_USER": "max_tries",
+    "MAX_DOWNLOADS_PER_USER": "max_downloads",
 }
 TRY_EXTENSION = "aligner_try_slots"
+DOWNLOAD_EXTENSION = "aligner_download_slots"
 
 
 def config_defaults() -> dict[str, Any]:
@@ -209,5 +211,19 @@ def try_slot() -> Callable[[], None]:
             429,
             f"You have {limit} reward {'try' if limit == 1 else 'tries'} running and the limit is {limit} per user: "
             "wait for it to finish",
+        )
+    return release
+
+
+def download_slot() -> Callable[[], None]:
+    """Take one of the current user's MAX_DOWNLOADS_PER_USER slots for a checkpoint or policy download (429 when
+    none is free): a download builds a zip of the whole folder, so a user may not start many at once. Call the
+    returned function once the file is sent (or the client went away)."""
+    limit = current_app.config["MAX_DOWNLOADS_PER_USER"]
+    slots = current_app.extensions.setdefault(DOWNLOAD_EXTENSION, StreamSlots())
+    release = slots.acquire(current_user().id, limit)
+    if release is None:
+        abort_fields(
+            429, f"You have {limit} downloads running and the limit is {limit} per user: wait for one to finish"
         )
     return release

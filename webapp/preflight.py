@@ -97,14 +97,14 @@ def cheap_checks(train: TrainConfig, stored: dict[str, Any]) -> list[dict[str, A
 
     def policy():
         problem = model_folder_problem(train.model.policy_path)
-        where = f"catalogue model {model.get('policy')!r} at {train.model.policy_path}"
+        where = f"catalogue model {model.get('policy')!r}"  # its name: the folder is the server's own
         return (f"{where} {problem}" if problem else None), f"{where} is a model folder"
 
     def tokenizer():
         path = train.model.tokenizer_path or train.model.policy_path
         name = model.get("tokenizer") or model.get("policy")
         problem = tokenizer_folder_problem(path)
-        where = f"catalogue model {name!r} at {path}"
+        where = f"catalogue model {name!r}"
         return (f"{where} {problem}" if problem else None), f"{where} holds a tokenizer"
 
     def datasets():

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 import zipfile
 from pathlib import Path
 
+import yaml
 from apiflask import APIBlueprint
 from apiflask.schemas import FileSchema
 from flask import Response, current_app, request, send_file
@@ -33,11 +35,21 @@ from sqlalchemy import func, select
 
 from aligner.run_layout import CHECKPOINT_DIR, FINAL_POLICY_DIR
 from webapp.auth import auth, request_token
-from webapp.db import FINAL_STATUSES, Checkpoint, Event, Job, Metric, Sample, token_is_live
+from webapp.db import (
+    FINAL_STATUSES,
+    Checkpoint,
+    Event,
+    Job,
+    Metric,
+    Sample,
+    run_dir_name,
+    service_redactor,
+    token_is_live,
+)
 from webapp.errors import abort_fields
 from webapp.extensions import db
 from webapp.jobs import get_job_or_404
-from webapp.limits import event_stream_slot
+from webapp.limits import download_slot, event_stream_slot
 from webapp.schemas import (
     INT32_MAX,
     CheckpointList,
@@ -51,6 +63,10 @@ from webapp.schemas import (
 bp = APIBlueprint("results", __name__, url_prefix="/api/v1/jobs", tag="Job results")
 
 EVENT_BATCH = 500
+# The final policy's zip, built once and kept in the run folder (a new name: one built before downloads were
+# redacted is never served).
+FINAL_POLICY_ZIP = f"{FINAL_POLICY_DIR}.download.zip"
+DOWNLOADS_429 = "The user has MAX_DOWNLOADS_PER_USER downloads being built or sent"
 
 
 @bp.get("/<int:job_id>/metrics")
@@ -105,31 +121,89 @@ def get_samples(job_id: int, query_data):
 def list_checkpoints(job_id: int):
     """A job's checkpoints, oldest first"""
     job = get_job_or_404(job_id)
-    items = db.session.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step)).all()
+    rows = db.session.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step)).all()
+    items = [
+        {
+            "step": row.step,
+            "size_bytes": _folder_bytes(Path(row.path)),
+            "path": f"{CHECKPOINT_DIR}/{Path(row.path).name}",  # deprecated: relative, never the server's path
+            "created_at": row.created_at,
+        }
+        for row in rows
+    ]
     return {"items": items}
 
 
+def _folder_bytes(folder: Path) -> int | None:
+    """The bytes of a checkpoint's regular files (what its zip holds); None when the folder is gone."""
+    if folder.is_symlink() or not folder.is_dir():
+        return None
+    return sum(path.stat().st_size for path, _ in _regular_files(folder))
+
+
 def _newest_mtime(folder: Path) -> float:
-    return max([folder.stat().st_mtime, *(p.stat().st_mtime for p in folder.rglob("*"))])
+    return max([folder.stat().st_mtime, *(p.lstat().st_mtime for p in folder.rglob("*"))])
 
 
-def _write_zip(folder: Path, f, arcname: str) -> None:
-    """Every file under `folder` into zip file object `f`, under `arcname`/ (weights are stored, not compressed)."""
+# Files of a download whose text is passed through the service's redactor (`webapp.db.service_redactor`): configs
+# and logs a trainer or transformers wrote may name the server's folders and URLs. Weights are copied as they are.
+TEXT_SUFFIXES = (".json", ".jsonl", ".yaml", ".yml", ".txt", ".md", ".log")
+MAX_REDACTED_BYTES = 16 * 1024 * 1024
+CONFIG_FILE = "config.yaml"  # a checkpoint's copy of the trainer's config: replaced by the job's own
+
+
+def user_config(job: Job) -> dict:
+    """The job's config as its user sees it: catalogue names (the stored config), its run folder's name."""
+    return {**(job.config or {}), "run_dir": run_dir_name(job.run_dir)}
+
+
+def _regular_files(folder: Path):
+    """(path, relative name) of each regular file under `folder`, sorted; symlinks (to files or folders) are never
+    followed nor listed: one planted in a run folder would otherwise put any file the API can read in a zip."""
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if not (here / d).is_symlink())
+        for name in sorted(filenames):
+            path = here / name
+            if not path.is_symlink() and path.is_file():
+                yield path, path.relative_to(folder)
+
+
+def _write_zip(folder: Path, f, arcname: str, redactor, config: dict | None = None) -> None:
+    """Every regular file under `folder` into zip file object `f`, under `arcname`/ (weights are stored, not
+    compressed); text files through `redactor`, and `config` (when given) as the top-level CONFIG_FILE instead of
+    the trainer's copy, which holds the server's paths, URLs and function targets."""
     with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as archive:
-        for path in sorted(folder.rglob("*")):
-            if path.is_file():
-                archive.write(path, Path(arcname) / path.relative_to(folder))
+        if config is not None:
+            archive.writestr(f"{arcname}/{CONFIG_FILE}", yaml.safe_dump(redactor.value(config), sort_keys=False))
+        for path, relative in _regular_files(folder):
+            if config is not None and relative == Path(CONFIG_FILE):
+                continue
+            name = (Path(arcname) / relative).as_posix()
+            try:  # O_NOFOLLOW: a file swapped for a symlink since it was listed is not read either
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            with os.fdopen(fd, "rb") as source:
+                info = zipfile.ZipInfo.from_file(path, name)
+                size = os.fstat(source.fileno()).st_size
+                if path.suffix in TEXT_SUFFIXES and size <= MAX_REDACTED_BYTES:
+                    text = source.read().decode("utf-8", errors="surrogateescape")
+                    archive.writestr(info, redactor.text(text).encode("utf-8", errors="surrogateescape"))
+                else:
+                    with archive.open(info, "w", force_zip64=size > 2**31) as target:
+                        shutil.copyfileobj(source, target, 1024 * 1024)
 
 
-def _final_policy_zip(folder: Path) -> Path:
-    """run_dir/final_policy.zip, rebuilt when the folder changed since."""
-    target = folder.parent / f"{FINAL_POLICY_DIR}.zip"
+def _final_policy_zip(job: Job, folder: Path, redactor) -> Path:
+    """run_dir/FINAL_POLICY_ZIP, rebuilt when the folder changed since."""
+    target = folder.parent / FINAL_POLICY_ZIP
     if target.is_file() and target.stat().st_mtime >= _newest_mtime(folder):
         return target
     fd, tmp = tempfile.mkstemp(dir=folder.parent, prefix=".final_policy-", suffix=".zip")
     try:
         with os.fdopen(fd, "wb") as f:
-            _write_zip(folder, f, FINAL_POLICY_DIR)
+            _write_zip(folder, f, FINAL_POLICY_DIR, redactor)
         os.replace(tmp, target)  # atomic: a concurrent download sees the old zip or the new one
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -137,30 +211,48 @@ def _final_policy_zip(folder: Path) -> Path:
     return target
 
 
+def _send_zip(file, name: str, release):
+    """send_file of a zip (a path or an open file), the download slot released once it is sent or abandoned."""
+    try:
+        response = send_file(file, mimetype="application/zip", as_attachment=True, download_name=name)
+    except BaseException:
+        release()
+        raise
+    # Passed through directly (the server's file wrapper), a body never calls the response's close callbacks: the
+    # iterable is wrapped so that its close, which every WSGI server calls, releases the slot.
+    response.direct_passthrough = False
+    response.call_on_close(release)
+    return response
+
+
 @bp.get("/<int:job_id>/model")
 @bp.auth_required(auth)
 @bp.output(FileSchema(type="string", format="binary"), content_type="application/zip", description="A zip file.")
-@bp.doc(responses={404: "No such job, or its final policy does not exist yet"})
+@bp.doc(responses={404: "No such job, or its final policy does not exist yet", 429: DOWNLOADS_429})
 def download_model(job_id: int):
     """Download the aligned policy (a zip of run_dir/final_policy, a Hugging Face folder)"""
     job = get_job_or_404(job_id)
     folder = Path(job.run_dir) / FINAL_POLICY_DIR
-    if not job.run_dir or not folder.is_dir():
+    if not job.run_dir or folder.is_symlink() or not folder.is_dir():
         abort_fields(404, f"job {job.id} has no final policy yet (status {job.status})")
-    return send_file(
-        _final_policy_zip(folder),
-        mimetype="application/zip",
-        as_attachment=True,
-        download_name=f"job_{job.id}_final_policy.zip",
-    )
+    redactor = service_redactor(db.session, job.run_dir, current_app.config["DATA_DIR"])
+    release = download_slot()
+    try:
+        built = _final_policy_zip(job, folder, redactor)
+    except BaseException:
+        release()
+        raise
+    return _send_zip(built, f"job_{job.id}_final_policy.zip", release)
 
 
 @bp.get("/<int:job_id>/checkpoints/<int:step>/download")
 @bp.auth_required(auth)
 @bp.output(FileSchema(type="string", format="binary"), content_type="application/zip", description="A zip file.")
-@bp.doc(responses={404: "No such job, or it has no checkpoint of that step (any more)"})
+@bp.doc(responses={404: "No such job, or it has no checkpoint of that step (any more)", 429: DOWNLOADS_429})
 def download_checkpoint(job_id: int, step: int):
-    """Download a checkpoint (a zip of its folder: the policy and the state a resume reads)"""
+    """Download a checkpoint (a zip of its folder: the policy and the state a resume reads)
+
+    Its config.yaml is the job's config as the API shows it (catalogue names), not the trainer's copy."""
     job = get_job_or_404(job_id)
     row = None
     if step <= INT32_MAX:
@@ -170,17 +262,19 @@ def download_checkpoint(job_id: int, step: int):
     # The row's path is the worker's; only a folder inside the job's own checkpoints folder is ever read.
     if folder is None or checkpoints is None or not folder.is_relative_to(checkpoints) or not folder.is_dir():
         abort_fields(404, f"job {job.id} has no checkpoint of step {step}")
+    redactor = service_redactor(db.session, job.run_dir, current_app.config["DATA_DIR"])
+    config = user_config(job)
+    release = download_slot()
     # Not kept: checkpoints come and go with keep_checkpoints. send_file closes the file once sent.
     f = tempfile.TemporaryFile(suffix=".zip")  # noqa: SIM115
     try:
-        _write_zip(folder, f, folder.name)
+        _write_zip(folder, f, folder.name, redactor, config)
         f.seek(0)
     except BaseException:
         f.close()
+        release()
         raise
-    return send_file(
-        f, mimetype="application/zip", as_attachment=True, download_name=f"job_{job.id}_{folder.name}.zip"
-    )
+    return _send_zip(f, f"job_{job.id}_{folder.name}.zip", release)
 
 
 def _sse(event: Event) -> str:

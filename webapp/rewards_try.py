@@ -38,6 +38,7 @@ from flask import current_app
 from aligner.config import TrainConfig, save_config
 from aligner.processes import die_with_parent, minimal_env
 from webapp.auth import auth, current_user
+from webapp.db import service_redactor
 from webapp.errors import abort_fields
 from webapp.extensions import db
 from webapp.job_config import JobConfig, validate_job_config
@@ -229,6 +230,13 @@ def _last_json(text: str) -> Any:
     return None
 
 
+def redacted(value: Any) -> Any:
+    """`value` (an answer's errors, a result) with the server's folders, URLs and function targets replaced by
+    their catalogue names (`webapp.db.service_redactor`): a try's messages come from the reward and the trainer's
+    code, which name what they were given."""
+    return service_redactor(db.session, data_dir=current_app.config["DATA_DIR"]).value(value)
+
+
 def public_result(result: dict[str, Any]) -> dict[str, Any]:
     """The try's result as the API answers it (the timings are for the dry run's estimate, webapp/dry_run.py)."""
     return {key: value for key, value in result.items() if key != "timings"}
@@ -267,9 +275,9 @@ def try_reward(json_data):
             resolved.train, json_data["num_prompts"], json_data["num_samples"], current_app.config["TRY_TIMEOUT_S"]
         )
     except TryFailed as err:
-        abort_fields(err.status, err.message, err.errors)
+        abort_fields(err.status, err.message, redacted(err.errors))
     finally:
         release()
-    result = public_result(outcome.result)
+    result = redacted(public_result(outcome.result))
     result["seconds"] = time.perf_counter() - start  # the whole try, the subprocess's start included
     return result

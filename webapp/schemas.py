@@ -7,10 +7,12 @@ import datetime as dt
 from apiflask import Schema
 from apiflask.fields import Boolean, DateTime, Dict, File, Float, Integer, List, Nested, String, Tuple
 from apiflask.validators import Length, OneOf, Range
-from marshmallow import ValidationError
+from flask import current_app, has_app_context
+from marshmallow import ValidationError, post_dump
 
 from aligner.metrics import TRAIN_REWARD
-from webapp.db import ACTIONS, ALGORITHMS, MODEL_KINDS, SERVER_KINDS, STATUSES
+from webapp.db import ACTIONS, ALGORITHMS, MODEL_KINDS, SERVER_KINDS, STATUSES, run_dir_name, service_redactor
+from webapp.extensions import db
 
 INT32_MAX = 2**31 - 1  # integer columns are 32-bit on PostgreSQL: larger ids and steps cannot exist
 MAX_GPUS_PER_JOB = 64
@@ -113,8 +115,19 @@ class JobOut(Schema):
             "action gets 409, except a cancel of a job being cancelled, which changes nothing."
         },
     )
-    config = Dict(keys=String(), required=True, metadata={"description": "The resolved config (every default)."})
-    run_dir = String(required=True)
+    config = Dict(
+        keys=String(),
+        required=True,
+        metadata={"description": "The resolved config (every default), naming catalogue entries; run_dir as below."},
+    )
+    run_dir = String(
+        required=True,
+        metadata={
+            "deprecated": True,
+            "description": "Deprecated: the run folder relative to the server's data folder (`runs/job_12`), never "
+            "its path on the server. Goes in the next release.",
+        },
+    )
     num_processes = Integer(required=True)
     num_gpus = Integer(required=True)
     devices = String(allow_none=True, metadata={"description": "The GPUs its run holds, as host:ids."})
@@ -137,6 +150,18 @@ class JobOut(Schema):
             "zero_spread, nonfinite, ending_collapse); each start and end is a `health` event of the job."
         },
     )
+
+    @post_dump
+    def _no_server_paths(self, data, **kwargs):
+        """The run folder by its relative name, here and in the config (users never see the server's paths); the
+        error through the service's redactor once more: a row stored before errors were redacted is shown so too."""
+        if data.get("error") and has_app_context():
+            redactor = service_redactor(db.session, data.get("run_dir"), current_app.config["DATA_DIR"])
+            data["error"] = redactor.text(data["error"])
+        data["run_dir"] = run_dir_name(data.get("run_dir"))
+        if isinstance(data.get("config"), dict) and "run_dir" in data["config"]:
+            data["config"] = {**data["config"], "run_dir": run_dir_name(data["config"]["run_dir"])}
+        return data
 
 
 class JobListQuery(PageQuery):
@@ -291,7 +316,17 @@ class SamplePage(PageOut):
 
 class CheckpointOut(Schema):
     step = Integer(required=True)
-    path = String(required=True)
+    size_bytes = Integer(
+        required=True, allow_none=True, metadata={"description": "Bytes of its files (its zip); null: gone."}
+    )
+    path = String(
+        required=True,
+        metadata={
+            "deprecated": True,
+            "description": "Deprecated: the folder in the run (`checkpoints/step_000012`), never the server's path; "
+            "use `step` (GET .../checkpoints/{step}/download). Goes in the next release.",
+        },
+    )
     created_at = UTCDateTime(required=True)
 
 
@@ -337,7 +372,9 @@ class DatasetPage(PageOut):
 # ------------------------------------------------------------------------------------------------------- health
 class HealthOut(Schema):
     status = String(required=True, metadata={"enum": ["ok", "error"]})
-    database = String(required=True, metadata={"description": "ok, or why the database cannot be reached."})
+    database = String(
+        required=True, metadata={"description": 'ok, or "database unavailable" (the reason is in the server\'s log).'}
+    )
     version = String(required=True)
 
 

@@ -225,6 +225,14 @@ class ServiceSettings:
         shown_default="the host's CPU cores",
         factory=lambda: os.cpu_count() or 1,
     )
+    max_downloads: int = _setting(
+        "ALIGNER_MAX_DOWNLOADS",
+        2,
+        "checkpoint and policy downloads being built or sent per user and API process, then 429 "
+        "(`MAX_DOWNLOADS_PER_USER`)",
+        int,
+        empty_is_unset=False,
+    )
     # ---- the dashboard
     api_url: str = _setting(
         "ALIGNER_API_URL", "http://127.0.0.1:5000", "the REST API `aligner ui` talks to", empty_is_unset=False

@@ -326,7 +326,8 @@ class RunIngestor:
         new = [step for step in found if step not in self.known_checkpoints]
         for step in new:
             session.add(Checkpoint(job_id=self.job_id, step=step, path=str(found[step].resolve())))
-            add_event(session, self.job_id, "checkpoint", {"step": step, "path": str(found[step].resolve())})
+            # Its folder's name, never the server's path: events reach users as they are.
+            add_event(session, self.job_id, "checkpoint", {"step": step, "name": found[step].name})
         self.known_checkpoints.update(new)
         # Older checkpoints the trainer pruned (trainer.keep_checkpoints) leave the table too. Only older ones: the
         # newest folder can be briefly absent while the trainer replaces it.

@@ -87,7 +87,7 @@ class RemoteCriticClient(PooledClient):
         # Two pools: a submitted inference waits on its chunks, which must never queue behind other inferences.
         self.pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="critic-client")
         self.chunk_pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="critic-chunks")
-        who = f"critic server {self.url}"
+        who = f"{self.connection.who}"
         infer_config = self._request("GET", "/v2/models/critic_infer/config")
         self.max_batch_size = int_field(infer_config, "max_batch_size", who, CriticError)
         outputs = infer_config.get("output")
@@ -111,15 +111,15 @@ class RemoteCriticClient(PooledClient):
         out = {}
         for name, shape in names.items():
             if name not in found:
-                raise CriticError(f"critic server {self.url} answered without a {name!r} output")
+                raise CriticError(f"{self.connection.who} answered without a {name!r} output")
             try:
                 values = np.asarray(found[name].get("data", []), dtype=np.float32)
             except (TypeError, ValueError):  # their messages quote the data
-                raise CriticError(f"critic server {self.url} returned non-numeric {name}") from None
+                raise CriticError(f"{self.connection.who} returned non-numeric {name}") from None
             if values.size != int(np.prod(shape)):
-                raise CriticError(f"critic server {self.url} returned {values.size} {name} for shape {list(shape)}")
+                raise CriticError(f"{self.connection.who} returned {values.size} {name} for shape {list(shape)}")
             if not np.isfinite(values).all():
-                raise CriticError(f"critic server {self.url} returned non-finite {name}")
+                raise CriticError(f"{self.connection.who} returned non-finite {name}")
             out[name] = values.reshape(shape)
         return out
 
@@ -209,7 +209,7 @@ class RemoteCriticClient(PooledClient):
         if self._save_call is None:
             inputs = declared_inputs(self._request("GET", "/v2/models/critic_save"))
             config = self._request("GET", "/v2/models/critic_save/config")
-            batch = int_field(config, "max_batch_size", f"critic server {self.url}", CriticError)
+            batch = int_field(config, "max_batch_size", f"{self.connection.who}", CriticError)
             nemo = inputs is not None and "path" not in inputs and "dummy_var" in inputs
             self._save_call = ("dummy_var" if nemo else "path", batch)
         return self._save_call
@@ -226,14 +226,14 @@ class RemoteCriticClient(PooledClient):
             answer = self._request("POST", "/v2/models/critic_save/infer", payload, self.train_timeout_s)
             status = output_data(answer, "status")
             if status != [0]:
-                raise CriticError(f"critic server {self.url} answered critic_save without status 0 (saved)")
+                raise CriticError(f"{self.connection.who} answered critic_save without status 0 (saved)")
             return None
         target = os.path.abspath(path) + (os.sep if str(path).endswith(("/", os.sep)) else "")
         payload = {"inputs": [tensor("path", "BYTES", np.full(shape, target, dtype=object))]}
         answer = self._request("POST", "/v2/models/critic_save/infer", payload, self.train_timeout_s)
         written = output_data(answer, "path")
         if not isinstance(written, list) or len(written) != 1 or not isinstance(written[0], str):
-            raise CriticError(f"critic server {self.url} answered critic_save without the path written")
+            raise CriticError(f"{self.connection.who} answered critic_save without the path written")
         return Path(written[0])
 
     def __enter__(self) -> RemoteCriticClient:

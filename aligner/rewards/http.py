@@ -12,7 +12,8 @@ critic server. Both build and read their tensors with aligner/rewards/kserve.py,
   for a model that is loading, or that was served before and is gone while the server restarts, or HTTP 500 while
   `/v2/health/ready` says the server is not ready: a stopping Triton fails requests so for up to 30 s): the request is
   retried with exponential backoff (`backoff_s`, doubling, at most `max_backoff_s`) until the server answers or
-  `unavailable_timeout_s` has passed since it went away; then a `ServerUnavailableError` names the URL, the time waited
+  `unavailable_timeout_s` has passed since it went away; then a `ServerUnavailableError` names the URL (never its
+  user, password or query: `aligner.redact.redact_url`), the time waited
   and the config key that sets the limit. The `on_wait` callback hears when the waiting starts (and at most once a
   minute while it goes on: `REPORT_INTERVAL_S`) and when the server is back (`ServerWait`); `stop_waiting` ends the
   waiting (a run asked to stop);
@@ -46,6 +47,7 @@ from typing import Any
 import requests
 
 from aligner.errors import RewardError, RewardServerUnavailableError, ServerUnavailableError
+from aligner.redact import redact_url
 
 READY_PATH = "/v2/health/ready"
 READY_TIMEOUT_S = 2.0
@@ -97,7 +99,7 @@ class ServerWait:
 
     state: str
     server: str  # "reward server" | "critic server"
-    url: str
+    url: str  # without credentials (redact_url)
     reason: str
     waited_s: float
     limit_s: float
@@ -145,6 +147,7 @@ class ServerConnection:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.url = normalize_url(url)
+        self.shown = redact_url(self.url)  # how messages name it: a password in the URL stays out of every log
         retry = retry or RetrySettings()
         self.timeout_s, self.max_retries, self.backoff_s = retry.timeout_s, retry.max_retries, retry.backoff_s
         self.unavailable_timeout_s, self.max_backoff_s = retry.unavailable_timeout_s, retry.max_backoff_s
@@ -162,7 +165,7 @@ class ServerConnection:
 
     @property
     def who(self) -> str:
-        return f"{self.server} {self.url}"
+        return f"{self.server} {self.shown}"
 
     def request(
         self,
@@ -213,7 +216,7 @@ class ServerConnection:
             with self._lock:
                 waited = 0.0 if self._away_since is None else self.clock() - self._away_since
         message = f"{self.who} cannot be reached: {why}"
-        return self.unavailable_error(message, server=self.server, url=self.url, waited_s=waited)
+        return self.unavailable_error(message, server=self.server, url=self.shown, waited_s=waited)
 
     def _attempt(self, method: str, path: str, payload: dict | None, timeout_s: float, idempotent: bool):
         """("ok", answer), ("unavailable" | "transient" | "unknown", reason in words), or an error raised at once.
@@ -284,7 +287,7 @@ class ServerConnection:
             waited = now - self._away_since
         left = self.unavailable_timeout_s - waited
         if report and left > 0:
-            self._notify(ServerWait("waiting", self.server, self.url, reason, waited, self.unavailable_timeout_s))
+            self._notify(ServerWait("waiting", self.server, self.shown, reason, waited, self.unavailable_timeout_s))
         return waited, left
 
     def _back(self) -> None:
@@ -292,7 +295,7 @@ class ServerConnection:
             since, self._away_since = self._away_since, None
         if since is not None:
             waited = self.clock() - since
-            self._notify(ServerWait("back", self.server, self.url, "", waited, self.unavailable_timeout_s))
+            self._notify(ServerWait("back", self.server, self.shown, "", waited, self.unavailable_timeout_s))
 
     def stop_waiting(self) -> None:
         """Wait no more for the server when it is away (the run was asked to stop): a request waiting, or finding it
@@ -336,10 +339,12 @@ def _status(code: int) -> str:
 
 def _failure(err: requests.RequestException) -> str:
     """A failed request in words that hold nothing the server sent: when it cannot have reached the server, the
-    error itself (the address and the system's reason); else only the kinds of error (a malformed status line or
+    system's reason; else only the kinds of error (a malformed status line or
     chunk would otherwise be quoted)."""
     if _never_sent(err):
-        return f"{type(err).__name__}: {err}"
+        # The system's reason alone: urllib3's words around it repeat the address, which `who` already names.
+        reasons = [e.strerror for e in _causes(err) if isinstance(e, OSError) and e.strerror]
+        return f"{type(err).__name__}: {reasons[0]}" if reasons else type(err).__name__
     reason = getattr(err.args[0], "reason", None) if err.args else None
     return type(err).__name__ + (f" ({type(reason).__name__})" if isinstance(reason, BaseException) else "")
 

@@ -80,13 +80,13 @@ class RemoteRewardClient(PooledClient):
         self.chunk_pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="reward-chunks")
         self.max_batch_size = self._model_max_batch_size()
         self.declared = declared_inputs(self._request("GET", f"/v2/models/{self.model_name}"))
-        self.inputs = choose_inputs(self.declared, server_inputs, f"reward server {self.url}")
+        self.inputs = choose_inputs(self.declared, server_inputs, f"{self.connection.who}")
         self.sends_metadata = self.inputs == "aligner" and (self.declared is None or "metadata" in self.declared)
         self.tokenizer = None
         if self.inputs == "tokens":
             if load_tokenizer is None:
                 raise RewardError(
-                    f"reward server {self.url} takes tokens: the client needs the policy's tokenizer to send them"
+                    f"{self.connection.who} takes tokens: the client needs the policy's tokenizer to send them"
                 )
             self.tokenizer = load_tokenizer()
 
@@ -96,7 +96,7 @@ class RemoteRewardClient(PooledClient):
 
     def _model_max_batch_size(self) -> int:
         config = self._request("GET", f"/v2/models/{self.model_name}/config")
-        return int_field(config, "max_batch_size", f"reward server {self.url}")  # 0: no batch dimension limit
+        return int_field(config, "max_batch_size", f"{self.connection.who}")  # 0: no batch dimension limit
 
     # --------------------------------------------------------------------------------------------- scoring
     def _infer(self, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]]) -> list[float]:
@@ -113,9 +113,9 @@ class RemoteRewardClient(PooledClient):
         out = self._request("POST", f"/v2/models/{self.model_name}/infer", {"inputs": inputs})
         data = output_data(out, "rewards")
         if not isinstance(data, list):
-            raise RewardError(f"reward server {self.url} answered without a 'rewards' output")
+            raise RewardError(f"{self.connection.who} answered without a 'rewards' output")
         if len(data) != n:
-            raise RewardError(f"reward server {self.url} returned {len(data)} rewards for {n} samples")
+            raise RewardError(f"{self.connection.who} returned {len(data)} rewards for {n} samples")
         return data
 
     def score(self, prompts: list[str], responses: list[str], metadata: list[dict[str, Any]] | None = None):
@@ -132,7 +132,7 @@ class RemoteRewardClient(PooledClient):
         else:
             futures = [self.chunk_pool.submit(self._infer, prompts[c], responses[c], metadata[c]) for c in chunks]
             values = [v for f in futures for v in f.result()]
-        return check_rewards(values, len(prompts), f"reward server {self.url}")
+        return check_rewards(values, len(prompts), f"{self.connection.who}")
 
     def submit(self, prompts, responses, metadata) -> Future:
         return self.pool.submit(self.score, list(prompts), list(responses), list(metadata))

@@ -71,6 +71,7 @@ from aligner.metrics import (
 from aligner.modeling.batches import ResponseBatch
 from aligner.modeling.device import resolve_device
 from aligner.modeling.logprobs import grouped_response_logits, token_logprobs
+from aligner.redact import redact_url
 from aligner.rewards.critic_client import RemoteCriticClient
 from aligner.rewards.http import RetrySettings
 from aligner.run_layout import CRITIC_DIR, CRITIC_LOG, checkpoint_steps, critic_checkpoint
@@ -170,9 +171,9 @@ class PPOTrainer(ReinforceTrainer):
             raise
         if checkpoint is not None and cfg.critic.server_url and distributed.is_main():
             print(
-                f"WARNING: resuming with the external critic server {cfg.critic.server_url}: it must have been "
-                f"restarted from {checkpoint} (aligner serve-critic --checkpoint {checkpoint}), or the critic "
-                "does not continue where the policy does",
+                f"WARNING: resuming with the external critic server {redact_url(cfg.critic.server_url)}: it must "
+                f"have been restarted from {checkpoint} (aligner serve-critic --checkpoint {checkpoint}), or the "
+                "critic does not continue where the policy does",
                 file=sys.stderr,
             )
 

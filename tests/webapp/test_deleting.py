@@ -31,11 +31,11 @@ def count(db_session, model, job_id: int) -> int:
 
 def with_results(db_session, job: dict, status: str = "failed") -> Path:
     """Job `job` in `status` at step 2, with a run folder, a checkpoint, a metric, a sample and a samples event."""
-    run_dir = Path(job["run_dir"])
-    (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
-    (run_dir / "checkpoints" / "step_000002" / "model.safetensors").write_bytes(b"weights")
     with db_session() as session:
         row = session.get(Job, job["id"])
+        run_dir = Path(row.run_dir)  # the API shows it relative to the data folder; the row holds where it is
+        (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
+        (run_dir / "checkpoints" / "step_000002" / "model.safetensors").write_bytes(b"weights")
         row.status, row.step = status, 2
         session.add(Checkpoint(job_id=job["id"], step=2, path=str(run_dir / "checkpoints" / "step_000002")))
         session.add(Metric(job_id=job["id"], step=1, name="train_rollouts/rewards", value=0.5))

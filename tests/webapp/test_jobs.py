@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from sqlalchemy import func, select
 
@@ -32,8 +31,10 @@ def test_create_job_resolves_config_sets_run_dir_and_enqueues(client, token, con
     config["health"] = {"pause_on": ["kl_growth"]}
     job = create_job(client, token, config, name="first", num_processes=2)
     assert job["status"] == "queued" and job["name"] == "first" and job["num_processes"] == 2
-    assert job["run_dir"] == str(data_dir.resolve() / "runs" / f"job_{job['id']}")
+    assert job["run_dir"] == f"runs/job_{job['id']}"  # relative to the data folder: no server path shown
     assert job["config"]["run_dir"] == job["run_dir"]
+    with db_session() as session:
+        assert session.get(Job, job["id"]).run_dir == str(data_dir.resolve() / "runs" / f"job_{job['id']}")
     assert job["config"]["model"]["policy"] == "tiny-sft" and "policy_path" not in job["config"]["model"]
     assert job["config"]["optim"]["lr"] == 1e-6  # defaults filled in
     assert job["config"]["health"]["pause_on"] == ["kl_growth"] and job["config"]["health"]["kl_max"] == 1.0
@@ -127,13 +128,13 @@ def test_resume_needs_a_finished_job_with_a_checkpoint_and_keeps_metrics(client,
 
 
 @both_backends
-def test_retry_starts_over(client, token, config, db_session, queue):
+def test_retry_starts_over(client, token, config, db_session, queue, data_dir):
     job = create_job(client, token, config)
     url = f"/api/v1/jobs/{job['id']}/retry"
     set_job(db_session, job["id"], status="succeeded", step=5)
     assert client.post(url, headers=bearer(token)).status_code == 409
 
-    run_dir = Path(job["run_dir"])
+    run_dir = data_dir / job["run_dir"]
     (run_dir / "checkpoints" / "step_000002").mkdir(parents=True)
     set_job(db_session, job["id"], status="failed", step=2, error="boom", attempts=3, latest_reward=0.4)
     set_job(db_session, job["id"], alarms=["nonfinite"])

@@ -6,7 +6,6 @@ import io
 import json
 import time
 import zipfile
-from pathlib import Path
 
 from sqlalchemy import select
 
@@ -98,16 +97,20 @@ def test_checkpoints_listed_in_step_order(client, token, config, db_session):
         for step in (20, 10):
             session.add(Checkpoint(job_id=job["id"], step=step, path=f"/runs/step_{step:06d}"))
     items = client.get(f"/api/v1/jobs/{job['id']}/checkpoints", headers=bearer(token)).json["items"]
-    assert [(c["step"], c["path"]) for c in items] == [(10, "/runs/step_000010"), (20, "/runs/step_000020")]
+    # The deprecated path is the folder in the run, never the server's; a folder gone has no size.
+    assert [(c["step"], c["path"], c["size_bytes"]) for c in items] == [
+        (10, "checkpoints/step_000010", None),
+        (20, "checkpoints/step_000020", None),
+    ]
 
 
-def test_model_download_is_404_until_the_final_policy_exists_then_a_zip(client, token, config):
+def test_model_download_is_404_until_the_final_policy_exists_then_a_zip(client, token, config, data_dir):
     job = create_job(client, token, config)
     url = f"/api/v1/jobs/{job['id']}/model"
     missing = client.get(url, headers=bearer(token))
     assert missing.status_code == 404 and "no final policy" in missing.json["message"]
 
-    policy = Path(job["run_dir"]) / "final_policy"
+    policy = data_dir / job["run_dir"] / "final_policy"
     policy.mkdir(parents=True)
     (policy / "config.json").write_text('{"model_type": "llama"}')
     (policy / "model.safetensors").write_bytes(b"\0" * 1000)
@@ -125,13 +128,13 @@ def test_model_download_is_404_until_the_final_policy_exists_then_a_zip(client, 
         assert b'"v": 2' in archive.read("final_policy/config.json")
 
 
-def test_a_checkpoint_downloads_as_a_zip_for_its_owner_only(client, token, other_token, config, db_session):
+def test_a_checkpoint_downloads_as_a_zip_for_its_owner_only(client, token, other_token, config, db_session, data_dir):
     job = create_job(client, token, config)
-    folder = Path(job["run_dir"]) / "checkpoints" / "step_000002"
+    folder = data_dir / job["run_dir"] / "checkpoints" / "step_000002"
     (folder / "policy").mkdir(parents=True)
     (folder / "policy" / "config.json").write_text('{"model_type": "llama"}')
     (folder / "state.pt").write_bytes(b"\1" * 100)
-    outside = Path(job["run_dir"]).parent / "elsewhere"
+    outside = (data_dir / job["run_dir"]).parent / "elsewhere"
     outside.mkdir()
     with db_session() as session:
         session.add(Checkpoint(job_id=job["id"], step=2, path=str(folder)))
@@ -141,7 +144,11 @@ def test_a_checkpoint_downloads_as_a_zip_for_its_owner_only(client, token, other
     assert response.status_code == 200 and response.mimetype == "application/zip"
     assert f"job_{job['id']}_step_000002.zip" in response.headers["Content-Disposition"]
     with zipfile.ZipFile(io.BytesIO(response.data)) as archive:
-        assert sorted(archive.namelist()) == ["step_000002/policy/config.json", "step_000002/state.pt"]
+        assert sorted(archive.namelist()) == [
+            "step_000002/config.yaml",  # the job's config, as the API shows it
+            "step_000002/policy/config.json",
+            "step_000002/state.pt",
+        ]
         assert archive.read("step_000002/state.pt") == b"\1" * 100
     response.close()
     for step in (3, 4, 2**40):  # no such step, a folder outside the job's checkpoints, past any column

@@ -130,7 +130,7 @@ def test_a_policy_folder_that_is_not_a_model_is_422_at_once(
     response = client.post(JOBS, json={"name": "x", "config": config}, headers=bearer(token))
     assert response.status_code == 422 and time.perf_counter() - start < 1
     message = response.json["errors"]["config.model.policy"][0]  # then the tokenizer's, when the folder has none
-    assert f"catalogue model 'not-a-model' at {folder.resolve()}" in message
+    assert message.startswith("catalogue model 'not-a-model' ") and str(folder) not in message  # its name only
     assert reason in " ".join(response.json["errors"]["config.model.policy"])
     assert client.get(JOBS, headers=bearer(token)).json["total"] == 0
 

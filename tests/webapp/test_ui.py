@@ -130,8 +130,10 @@ def test_the_form_picks_the_algorithm_and_the_critic():
 
 
 def test_checkpoints_frame():
-    ckpts = {"items": [{"step": 2, "path": "/runs/job_1/checkpoints/step_000002", "created_at": "t"}]}
-    assert frames.checkpoints_frame(ckpts)["step"].tolist() == [2]
+    ckpts = {"items": [{"step": 2, "size_bytes": 4_800_000, "path": "checkpoints/step_000002", "created_at": "t"}]}
+    frame = frames.checkpoints_frame(ckpts)
+    assert frame.columns.tolist() == ["step", "size", "created_at"]  # no path: the server's folders are its own
+    assert frame.values.tolist() == [[2, "4.8 MB", "t"]]
 
 
 def test_parse_sse_and_event_log_keep_status_checkpoint_and_log_events():

@@ -122,7 +122,8 @@ def test_reward_server_down_fails_the_job_and_the_worker_stays_up(service, job_c
     assert job.status == "failed"
     first_line = job.error.splitlines()[0]
     assert first_line.startswith("the trainer exited with status 2: aligner train: error: reward server")
-    assert url in first_line and "cannot be reached" in first_line
+    # The catalogue's server by its name (the job names it): the URL stays the operator's.
+    assert "<server reward-server-" in first_line and url not in first_line and "cannot be reached" in first_line
     assert "--- last lines of train.log ---" in job.error
     worker = service.workers[0]
     assert worker.alive()

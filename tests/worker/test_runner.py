@@ -453,3 +453,33 @@ def test_the_job_ends_as_the_trainers_end_record_says(tmp_path, job_config, reco
             "stop": "max_time",
         }
     engine.dispose()
+
+
+def test_a_failed_jobs_error_and_events_hold_no_server_url_password_or_path(tmp_path, job_config):
+    """The last line before a user (webapp.db.service_redactor): what the trainer said, which names what it was
+    given, is stored with the catalogue's names in place of its URLs and the run folder."""
+    from aligner.redact import redact_url
+    from webapp.db import ServerEndpoint
+
+    engine, factory, s = fake_trainer_worker(tmp_path)
+    url = "http://alice:pa55word-xyz@127.0.0.1:9"
+    with session_scope(factory) as session:
+        session.add(ServerEndpoint(name="rm-secret", kind="reward", url=url, model_name="reward_model"))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    said = f"reward server {redact_url(url)} cannot be reached (from {url}); see {run_dir.resolve()}/train.log"
+    record = RunEnd("server_unavailable", 3, 30, said)
+    (run_dir / SCRIPT).write_text(json.dumps({"record": vars(record), "status": 2}))
+    job_id = create_job(factory, job_config(max_steps=30), run_dir)
+    run_job(job_id, s, factory)
+    job = job_row(factory, job_id)
+    with session_scope(factory) as session:
+        events = json.dumps([e.payload for e in session.scalars(select(Event).where(Event.job_id == job_id))])
+    assert job.status == "failed"
+    assert job.error.startswith(
+        "the trainer exited with status 2: reward server <server rm-secret> cannot be reached (from <server "
+        "rm-secret>); see <run folder>/train.log"
+    ), job.error
+    for text in (job.error, events):
+        assert "pa55word" not in text and "127.0.0.1:9" not in text and str(run_dir.resolve()) not in text
+    engine.dispose()

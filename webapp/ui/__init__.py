@@ -30,7 +30,8 @@ def build_app(api_url: str, data_dir: Path | None = None):
     from webapp.ui import compare, job_page, jobs_tab, new_job, samples, tabs
     from webapp.ui.form import presets
 
-    # Gradio keeps every upload in its cache: files an hour old go, hourly (a dataset is posted to the API at once).
+    # Gradio keeps every upload and every file it serves (checkpoint zips) in its cache: files an hour old go,
+    # hourly, and the rest when the dashboard stops (a dataset is posted to the API at once).
     with gr.Blocks(title="Aligner", delete_cache=(3600, 3600)) as app:
         session, sign_in = tabs.header(api_url)
         with gr.Tabs():

@@ -7,6 +7,7 @@ import datetime as dt
 import pandas as pd
 
 from aligner.metrics import TIMERS_PREFIX
+from webapp.ui.catalogue import human_bytes
 
 JOB_COLUMNS = ["sel", "id", "name", "algorithm", "status", "health", "step", "latest reward", "age"]
 # The health alarms (GET /jobs `alarms`, `health` events) in words.
@@ -99,9 +100,10 @@ def compare_frame(bodies: dict[str, dict], metric: str) -> pd.DataFrame:
 
 
 def checkpoints_frame(body: dict) -> pd.DataFrame:
+    """Step, size and time of each checkpoint: never where it lies on the server."""
     return pd.DataFrame(
-        [[c["step"], c["path"], c["created_at"]] for c in body.get("items", [])],
-        columns=["step", "path", "created_at"],
+        [[c["step"], human_bytes(c.get("size_bytes")), c["created_at"]] for c in body.get("items", [])],
+        columns=["step", "size", "created_at"],
     )
 
 

@@ -11,7 +11,12 @@ new steps, not the job's whole history.
 No `from __future__ import annotations` here: Gradio reads a handler's `gr.SelectData` hint as a class, not a string.
 """
 
+import atexit
+import secrets
+import shutil
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,33 @@ from webapp.ui.tabs import Session, job_id_of
 
 NUM_PLOTS = len(CHARTS)  # a plot for each chart
 KEPT_EVENTS = ("metrics", "samples")  # not kept in the page's state: the charts and Samples show them
+
+
+# Checkpoint zips the dashboard fetched for a browser, in one folder of this process: each is handed to Gradio (which
+# copies it into its own cache, swept by `build_app`'s delete_cache), kept DOWNLOAD_MAX_AGE_S for that, then swept
+# at the next download; the folder goes when the process exits.
+DOWNLOAD_MAX_AGE_S = 600.0
+_download_lock = threading.Lock()
+_download_folder: list[Path] = []
+
+
+def download_dir(now: float | None = None) -> Path:
+    """This process's download folder (made at the first call, removed at exit), with the zips older than
+    DOWNLOAD_MAX_AGE_S removed."""
+    with _download_lock:
+        if not _download_folder:
+            folder = Path(tempfile.mkdtemp(prefix="aligner-ui-"))
+            atexit.register(shutil.rmtree, folder, True)
+            _download_folder.append(folder)
+        folder = _download_folder[0]
+    cutoff = (time.time() if now is None else now) - DOWNLOAD_MAX_AGE_S
+    for old in folder.glob("*.zip"):
+        try:
+            if old.stat().st_mtime < cutoff:
+                old.unlink()
+        except FileNotFoundError:  # another download swept it first
+            continue
+    return folder
 
 
 def draw(view: dict, smoothing: float, log_y: bool) -> list:
@@ -147,7 +179,7 @@ def job_page_tab(session: Session) -> None:
             return gr.update(), "Select a checkpoint's row."
         if not token or jid is None:
             return gr.update(), "Sign in and select a job first."
-        target = Path(tempfile.mkdtemp(prefix="aligner-ui-")) / f"job_{jid}_step_{step:06d}.zip"
+        target = download_dir() / f"job_{jid}_step_{step:06d}_{secrets.token_hex(4)}.zip"
         try:
             session.api(token).download(f"/jobs/{jid}/checkpoints/{step}/download", target)
         except ApiError as err:
