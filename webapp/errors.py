@@ -15,6 +15,7 @@ from flask import current_app, request
 from webargs.core import parse_json
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from aligner.data.text import unstorable_strings
 from webapp.db import TransitionConflict
 
 # Where webargs found the input; dropped from the field names (`json.config.x` -> `config.x`).
@@ -78,42 +79,6 @@ def json_too_deep(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
         if depth > limit:
             return True
     return False
-
-
-def _string_problem(text: str) -> str | None:
-    if "\x00" in text:
-        return "must not contain NUL characters"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        return f"must be valid Unicode: lone surrogate \\u{ord(text[err.start]):04x} at position {err.start}"
-    return None
-
-
-def unstorable_strings(value: Any, path: str = "") -> dict[str, list[str]]:
-    """The strings (keys included) in parsed JSON that no column, file name or UTF-8 text can hold, by dotted path.
-
-    JSON escapes can spell both: `\\u0000` (PostgreSQL text and file paths refuse NUL) and lone surrogates such as
-    `\\ud800` (no UTF-8 encoding exists). Depth is bounded by MAX_JSON_DEPTH, checked before parsing.
-    """
-    out: dict[str, list[str]] = {}
-    if isinstance(value, str):
-        problem = _string_problem(value)
-        if problem:
-            out[path or "body"] = [problem]
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            problem = _string_problem(key)
-            shown = key.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00") if problem else key
-            child = f"{path}.{shown}" if path else shown
-            if problem:
-                out.setdefault(child, []).append(f"key {problem}")
-            for k, v in unstorable_strings(item, child).items():
-                out.setdefault(k, []).extend(v)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            out.update(unstorable_strings(item, f"{path}.{index}" if path else str(index)))
-    return out
 
 
 def _body_content_type() -> str | None:
