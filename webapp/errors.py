@@ -19,7 +19,18 @@ from aligner.data.text import unstorable_strings
 from webapp.db import TransitionConflict
 
 # Where webargs found the input; dropped from the field names (`json.config.x` -> `config.x`).
-LOCATIONS = ("json", "query", "querystring", "form", "files", "form_and_files", "json_or_form", "headers", "view_args")
+LOCATIONS = (
+    "json",
+    "query",
+    "querystring",
+    "path",
+    "form",
+    "files",
+    "form_and_files",
+    "json_or_form",
+    "headers",
+    "view_args",
+)
 
 # JSON deeper than this is refused before parsing: Python's parser (and copying) would hit the recursion limit.
 MAX_JSON_DEPTH = 64
@@ -48,18 +59,18 @@ def abort_fields(status: int, message: str, errors: dict[str, list[str]] | None 
     raise HTTPError(status, message, extra_data={"errors": errors or {}})
 
 
-def flatten(messages: Any, prefix: str = "") -> dict[str, list[str]]:
-    """marshmallow's nested error messages as `{"a.b": ["reason"]}`."""
+def flatten(messages: Any, prefix: str = "", outer: bool = True) -> dict[str, list[str]]:
+    """marshmallow's nested error messages as `{"a.b": ["reason"]}`; `outer`: keys are webargs' locations."""
     out: dict[str, list[str]] = {}
     if isinstance(messages, dict):
         for key, value in messages.items():
             key = str(key)
-            if not prefix and key in LOCATIONS:
-                nested = flatten(value, "") if isinstance(value, dict) else {"body": _strings(value)}
+            if outer and key in LOCATIONS:  # a field may be named like a location (a model's `path`)
+                nested = flatten(value, "", outer=False) if isinstance(value, dict) else {"body": _strings(value)}
             elif key == "_schema":  # marshmallow's "the whole thing is wrong" (e.g. a list for an object)
                 nested = {prefix or "body": _strings(value)}
             else:
-                nested = flatten(value, f"{prefix}.{key}" if prefix else key)
+                nested = flatten(value, f"{prefix}.{key}" if prefix else key, outer=False)
             for k, v in nested.items():
                 out.setdefault(k, []).extend(v)
     else:

@@ -10,9 +10,8 @@ from apiflask.validators import Length, OneOf, Range
 from marshmallow import ValidationError
 
 from aligner.metrics import TRAIN_REWARD
-from webapp.db import ACTIONS, ALGORITHMS, MODEL_KINDS, SERVER_KINDS, STATUSES
+from webapp.db import ACTIONS, ALGORITHMS, INT32_MAX, MODEL_KINDS, SERVER_KINDS, STATUSES
 
-INT32_MAX = 2**31 - 1  # integer columns are 32-bit on PostgreSQL: larger ids and steps cannot exist
 MAX_GPUS_PER_JOB = 64
 MAX_PER_PAGE = 100
 SPLITS = ("train", "validation")
@@ -366,6 +365,10 @@ class ModelOut(Schema):
     description = String(required=True)
     created_at = UTCDateTime(required=True)
     path = String(allow_none=True, metadata={"description": "The server folder: shown to admins only."})
+
+
+class CatalogueNamePath(Schema):
+    name = String(required=True, validate=[Length(min=1, max=100), no_nul], metadata=CATALOGUE_NAME)
 
 
 class ModelQuery(Schema):
