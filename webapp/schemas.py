@@ -6,10 +6,11 @@ import datetime as dt
 
 from apiflask import Schema
 from apiflask.fields import Boolean, DateTime, Dict, File, Float, Integer, List, Nested, String, Tuple
-from apiflask.validators import Length, OneOf, Range
+from apiflask.validators import Length, OneOf, Range, Regexp
 from marshmallow import ValidationError
 
 from aligner.metrics import TRAIN_REWARD
+from webapp.catalogue import NAME_PATTERN, NAME_RULE, TARGET_PATTERN
 from webapp.db import ACTIONS, ALGORITHMS, INT32_MAX, MODEL_KINDS, SERVER_KINDS, STATUSES
 
 MAX_GPUS_PER_JOB = 64
@@ -342,10 +343,22 @@ class HealthOut(Schema):
 
 # ---------------------------------------------------------------------------------------------------- catalogue
 CATALOGUE_NAME = {"description": "Letters, digits, '.', '_', '-' (1-100), starting with a letter or digit."}
+# The catalogue's rules (webapp/catalogue.py, which checks them again for the CLI) as OpenAPI `pattern`s.
+NAME_RULES = [Length(min=1, max=100), no_nul, Regexp(f"^{NAME_PATTERN.pattern}$", error=f"not valid: {NAME_RULE}")]
+TARGET_RULES = [
+    Length(min=3, max=300),
+    no_nul,
+    Regexp(f"^{TARGET_PATTERN.pattern}$", error="must look like 'package.module:function'"),
+]
+URL_RULES = [
+    Length(min=8, max=2000),
+    no_nul,
+    Regexp(r"^https?://[^\s/?#]+([/?#]\S*)?$", error="must be an http:// or https:// URL with a host"),
+]
 
 
 class ModelIn(Schema):
-    name = String(required=True, validate=[Length(min=1, max=100), no_nul], metadata=CATALOGUE_NAME)
+    name = String(required=True, validate=NAME_RULES, metadata=CATALOGUE_NAME)
     path = String(
         required=True,
         validate=[Length(min=1, max=4096), no_nul],
@@ -368,7 +381,7 @@ class ModelOut(Schema):
 
 
 class CatalogueNamePath(Schema):
-    name = String(required=True, validate=[Length(min=1, max=100), no_nul], metadata=CATALOGUE_NAME)
+    name = String(required=True, validate=NAME_RULES, metadata=CATALOGUE_NAME)
 
 
 class ModelQuery(Schema):
@@ -380,10 +393,10 @@ class ModelList(Schema):
 
 
 class RewardFunctionIn(Schema):
-    name = String(required=True, validate=[Length(min=1, max=100), no_nul], metadata=CATALOGUE_NAME)
+    name = String(required=True, validate=NAME_RULES, metadata=CATALOGUE_NAME)
     target = String(
         required=True,
-        validate=[Length(min=3, max=300), no_nul],
+        validate=TARGET_RULES,
         metadata={"description": "`package.module:function`, importable by the workers.", "example": "my.rm:score"},
     )
     description = String(load_default="", validate=[Length(max=2000), no_nul])
@@ -407,12 +420,12 @@ class RewardFunctionList(Schema):
 
 
 class ServerIn(Schema):
-    name = String(required=True, validate=[Length(min=1, max=100), no_nul], metadata=CATALOGUE_NAME)
-    url = String(required=True, validate=[Length(min=8, max=2000), no_nul], metadata={"example": "http://rm:8000"})
+    name = String(required=True, validate=NAME_RULES, metadata=CATALOGUE_NAME)
+    url = String(required=True, validate=URL_RULES, metadata={"example": "http://rm:8000"})
     kind = String(required=True, validate=OneOf(SERVER_KINDS))
     model_name = String(
         load_default="reward_model",
-        validate=[Length(min=1, max=100), no_nul],
+        validate=NAME_RULES,
         metadata={"description": "Model name on a reward server (NeMo-Aligner's `reward_model`)."},
     )
     description = String(load_default="", validate=[Length(max=2000), no_nul])
