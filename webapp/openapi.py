@@ -4,6 +4,7 @@
   optional, so clients and fuzzers (tests/webapp/test_fuzz.py) took a request without a body for a valid one.
 - Every operation that reads a body documents the answers webapp/errors.py gives before its view runs: 400 (not
   JSON, not UTF-8, nested too deep, a malformed form), 413 (past the size limit) and 415 (another content type).
+- Every operation that needs a token documents 429: the sign-in throttle (webapp/limits.py) may answer it.
 """
 
 from __future__ import annotations
@@ -28,18 +29,26 @@ BODY_ERRORS = {
     "413": "The body is past the size limit (MAX_CONTENT_LENGTH; MAX_DATASET_SIZE for uploads)",
     "415": "The body is not of the content type the operation reads",
 }
+THROTTLED = (
+    "Too many: requests without a valid token from this client (SIGNIN_FAILURE_LIMIT), or past a per-user limit "
+    "(docs/security.md, Limits)"
+)
 ERROR_BODY = {"application/json": {"schema": {"$ref": "#/components/schemas/HTTPError"}}}
 
 
 def complete(spec: dict[str, Any]) -> dict[str, Any]:
     for operations in spec.get("paths", {}).values():
         for operation in operations.values():
-            body = operation.get("requestBody") if isinstance(operation, dict) else None
+            if not isinstance(operation, dict):
+                continue
+            responses = operation.setdefault("responses", {})
+            if operation.get("security"):
+                responses.setdefault("429", {"description": THROTTLED, "content": ERROR_BODY})
+            body = operation.get("requestBody")
             if not body:
                 continue
             if _body_required(spec, body.get("content", {})):
                 body["required"] = True
-            responses = operation.setdefault("responses", {})
             for status, description in BODY_ERRORS.items():
                 responses.setdefault(status, {"description": description, "content": ERROR_BODY})
     return spec

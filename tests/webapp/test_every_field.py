@@ -215,3 +215,27 @@ def test_every_string_field_refuses_a_huge_value_and_a_nul(app, client, token, a
         ("POST /api/v1/datasets", "name"),
     ]:
         assert expected in seen, (expected, sorted(seen))
+
+
+def test_the_document_bounds_every_string_field_and_documents_the_early_errors(client):
+    spec = client.get(SPEC_URL).json
+    unbounded = []
+    for template, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            label = f"{method.upper()} {template}"
+            fields = [(p["name"], deref(spec, p.get("schema", {}))) for p in operation.get("parameters", [])]
+            body = operation.get("requestBody")
+            for media in (body or {}).get("content", {}).values():
+                schema = deref(spec, media["schema"])
+                fields += [(name, deref(spec, prop)) for name, prop in schema.get("properties", {}).items()]
+            for name, schema in fields:
+                item = deref(spec, schema.get("items", {})) if schema.get("type") == "array" else schema
+                bounded = "maxLength" in item or "enum" in item or item.get("format") == "binary"
+                if item.get("type") == "string" and not bounded:
+                    unbounded.append((label, name))
+            if operation.get("security"):
+                assert "429" in operation["responses"], label
+            if body:
+                assert body.get("required") is True, label
+                assert {"400", "413", "415"} <= set(operation["responses"]), label
+    assert not unbounded, unbounded
