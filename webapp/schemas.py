@@ -24,6 +24,10 @@ def no_nul(value: str) -> None:
         raise ValidationError("must not contain NUL characters")
 
 
+# no_nul as an OpenAPI `pattern`, for fields without a pattern of their own (the document says NUL is refused).
+NO_NUL = Regexp("^[^\\u0000]*$", error="must not contain NUL characters")
+
+
 class UTCDateTime(DateTime):
     """The database keeps naive UTC times; the API says so (`2026-11-22T19:00:00+00:00`)."""
 
@@ -48,7 +52,7 @@ class PageOut(Schema):
 
 # ----------------------------------------------------------------------------------------------------------- jobs
 class JobIn(Schema):
-    name = String(required=True, validate=[Length(min=1, max=200), no_nul], metadata={"example": "rloo-lr1e-6"})
+    name = String(required=True, validate=[Length(min=1, max=200), NO_NUL], metadata={"example": "rloo-lr1e-6"})
     config = Dict(
         keys=String(),
         required=True,
@@ -234,7 +238,7 @@ class TryOut(Schema):
 # -------------------------------------------------------------------------------------------------- job results
 class MetricsQuery(Schema):
     name = List(
-        String(validate=[Length(max=100), no_nul]),
+        String(validate=[Length(max=100), NO_NUL]),
         metadata={"description": "Only these metrics (repeat the parameter for several)."},
     )
     since_step = Integer(
@@ -313,7 +317,7 @@ class EventsQuery(Schema):
 # ----------------------------------------------------------------------------------------------------- datasets
 class DatasetIn(Schema):
     file = File(required=True, metadata={"description": "A prompt JSONL file (see aligner/data/prompts.py)."})
-    name = String(validate=[Length(min=1, max=200), no_nul], metadata={"description": "Default: the file's name."})
+    name = String(validate=[Length(min=1, max=200), NO_NUL], metadata={"description": "Default: the file's name."})
 
 
 class DatasetOut(Schema):
@@ -353,7 +357,7 @@ TARGET_RULES = [
 URL_RULES = [
     Length(min=8, max=2000),
     no_nul,
-    Regexp(r"^https?://[^\s/?#]+([/?#]\S*)?$", error="must be an http:// or https:// URL with a host"),
+    Regexp(r"^https?://[^\s/?#\u0000]+([/?#][^\s\u0000]*)?$", error="must be an http:// or https:// URL with a host"),
 ]
 
 
@@ -361,11 +365,11 @@ class ModelIn(Schema):
     name = String(required=True, validate=NAME_RULES, metadata=CATALOGUE_NAME)
     path = String(
         required=True,
-        validate=[Length(min=1, max=4096), no_nul],
+        validate=[Length(min=1, max=4096), NO_NUL],
         metadata={"description": "A Hugging Face folder on the server (symlinks are resolved when registered)."},
     )
     kind = String(required=True, validate=OneOf(MODEL_KINDS), metadata={"description": "What jobs may use it as."})
-    description = String(load_default="", validate=[Length(max=2000), no_nul])
+    description = String(load_default="", validate=[Length(max=2000), NO_NUL])
 
 
 class ModelOut(Schema):
@@ -399,7 +403,7 @@ class RewardFunctionIn(Schema):
         validate=TARGET_RULES,
         metadata={"description": "`package.module:function`, importable by the workers.", "example": "my.rm:score"},
     )
-    description = String(load_default="", validate=[Length(max=2000), no_nul])
+    description = String(load_default="", validate=[Length(max=2000), NO_NUL])
 
 
 class RewardFunctionOut(Schema):
@@ -428,7 +432,7 @@ class ServerIn(Schema):
         validate=NAME_RULES,
         metadata={"description": "Model name on a reward server (NeMo-Aligner's `reward_model`)."},
     )
-    description = String(load_default="", validate=[Length(max=2000), no_nul])
+    description = String(load_default="", validate=[Length(max=2000), NO_NUL])
 
 
 class ServerOut(Schema):
@@ -461,7 +465,7 @@ class AdminJobOut(JobOut):
 
 
 class AdminJobListQuery(JobListQuery):
-    user = String(validate=[Length(min=1, max=100), no_nul], metadata={"description": "Only this user's jobs."})
+    user = String(validate=[Length(min=1, max=100), NO_NUL], metadata={"description": "Only this user's jobs."})
 
 
 class AdminJobPage(PageOut):
