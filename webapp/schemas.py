@@ -10,7 +10,7 @@ from apiflask.validators import Length, OneOf, Range, Regexp
 from marshmallow import ValidationError
 
 from aligner.metrics import TRAIN_REWARD
-from webapp.catalogue import NAME_PATTERN, NAME_RULE, TARGET_PATTERN
+from webapp.catalogue import NAME_PATTERN, TARGET_PATTERN
 from webapp.db import ACTIONS, ALGORITHMS, INT32_MAX, MODEL_KINDS, SERVER_KINDS, STATUSES
 
 MAX_GPUS_PER_JOB = 64
@@ -347,22 +347,21 @@ class HealthOut(Schema):
 
 # ---------------------------------------------------------------------------------------------------- catalogue
 CATALOGUE_NAME = {"description": "Letters, digits, '.', '_', '-' (1-100), starting with a letter or digit."}
-# The catalogue's rules (webapp/catalogue.py, which checks them again for the CLI) as OpenAPI `pattern`s.
-NAME_RULES = [Length(min=1, max=100), no_nul, Regexp(f"^{NAME_PATTERN.pattern}$", error=f"not valid: {NAME_RULE}")]
-TARGET_RULES = [
-    Length(min=3, max=300),
-    no_nul,
-    Regexp(f"^{TARGET_PATTERN.pattern}$", error="must look like 'package.module:function'"),
-]
-URL_RULES = [
-    Length(min=8, max=2000),
-    no_nul,
-    Regexp(r"^https?://[^\s/?#\u0000]+([/?#][^\s\u0000]*)?$", error="must be an http:// or https:// URL with a host"),
-]
+# The catalogue's rules as OpenAPI `pattern`s; webapp/catalogue.py checks them (for the CLI too), with its messages.
+NAME_RULES = [Length(min=1, max=100), no_nul]
+NAME_FIELD = {**CATALOGUE_NAME, "pattern": f"^{NAME_PATTERN.pattern}$"}
+TARGET_RULES = [Length(min=3, max=300), no_nul]
+TARGET_FIELD = {
+    "description": "`package.module:function`, importable by the workers.",
+    "example": "my.rm:score",
+    "pattern": f"^{TARGET_PATTERN.pattern}$",
+}
+URL_RULES = [Length(min=8, max=2000), no_nul]
+URL_FIELD = {"example": "http://rm:8000", "pattern": r"^https?://[^\s/?#\u0000]+([/?#][^\s\u0000]*)?$"}
 
 
 class ModelIn(Schema):
-    name = String(required=True, validate=NAME_RULES, metadata=CATALOGUE_NAME)
+    name = String(required=True, validate=NAME_RULES, metadata=NAME_FIELD)
     path = String(
         required=True,
         validate=[Length(min=1, max=4096), NO_NUL],
@@ -385,7 +384,7 @@ class ModelOut(Schema):
 
 
 class CatalogueNamePath(Schema):
-    name = String(required=True, validate=NAME_RULES, metadata=CATALOGUE_NAME)
+    name = String(required=True, validate=NAME_RULES, metadata=NAME_FIELD)
 
 
 class ModelQuery(Schema):
@@ -397,11 +396,11 @@ class ModelList(Schema):
 
 
 class RewardFunctionIn(Schema):
-    name = String(required=True, validate=NAME_RULES, metadata=CATALOGUE_NAME)
+    name = String(required=True, validate=NAME_RULES, metadata=NAME_FIELD)
     target = String(
         required=True,
         validate=TARGET_RULES,
-        metadata={"description": "`package.module:function`, importable by the workers.", "example": "my.rm:score"},
+        metadata=TARGET_FIELD,
     )
     description = String(load_default="", validate=[Length(max=2000), NO_NUL])
 
@@ -424,13 +423,13 @@ class RewardFunctionList(Schema):
 
 
 class ServerIn(Schema):
-    name = String(required=True, validate=NAME_RULES, metadata=CATALOGUE_NAME)
-    url = String(required=True, validate=URL_RULES, metadata={"example": "http://rm:8000"})
+    name = String(required=True, validate=NAME_RULES, metadata=NAME_FIELD)
+    url = String(required=True, validate=URL_RULES, metadata=URL_FIELD)
     kind = String(required=True, validate=OneOf(SERVER_KINDS))
     model_name = String(
         load_default="reward_model",
         validate=NAME_RULES,
-        metadata={"description": "Model name on a reward server (NeMo-Aligner's `reward_model`)."},
+        metadata={**NAME_FIELD, "description": "Model name on a reward server (NeMo-Aligner's `reward_model`)."},
     )
     description = String(load_default="", validate=[Length(max=2000), NO_NUL])
 
