@@ -76,6 +76,7 @@ def create_app(test_config: dict[str, Any] | None = None):
         health,
         jobs,
         limits,
+        openapi,
         results,
         rewards_try,
     )
@@ -143,4 +144,5 @@ def create_app(test_config: dict[str, Any] | None = None):
     for module in (health, *authenticated):
         app.register_blueprint(module.bp)
     docs_assets.init_app(app)
+    openapi.init_app(app)
     return app

@@ -12,6 +12,7 @@ gone: no answer tells a user anything about the server's disk or another user's 
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import json
 import re
 import struct
@@ -25,12 +26,23 @@ from sqlalchemy.orm import Session
 
 from aligner.errors import AlignerError
 from aligner.rewards.builtins import BUILTIN_REWARDS
-from webapp.db import MODEL_KINDS, SERVER_KINDS, CatalogueModel, Dataset, RewardFunction, ServerEndpoint, User
+from webapp.db import (
+    INT32_MAX,
+    MODEL_KINDS,
+    SERVER_KINDS,
+    CatalogueModel,
+    Dataset,
+    RewardFunction,
+    ServerEndpoint,
+    User,
+)
 from webapp.preflight import model_folder_problem
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 NAME_RULE = "1-100 characters: letters, digits, '.', '_' or '-', starting with a letter or digit"
 TARGET_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+URL_AUTHORITY = re.compile(r"(\[[^\]]*\]|[^:\[\]]*)(:\d{1,5})?")  # after any user:password@
+HOST_PATTERN = re.compile(r"[\w.-]+")  # a name (IDN too) or an IPv4 address
 DATASETS_DIR = "datasets"
 SAFETENSORS_HEADER_MAX = 100 * 1024 * 1024  # a larger header is no safetensors file
 
@@ -83,7 +95,17 @@ def inspect_model_folder(path: str | Path, kind: str) -> ModelInfo:
 
     A tokenizer folder needs tokenizer files; any other kind a config.json naming a model transformers knows, and
     weights (webapp.preflight.model_folder_problem)."""
-    folder = Path(path).expanduser().resolve()
+    try:
+        return _inspect_model_folder(path, kind)
+    except OSError as err:  # a name too long, a loop of symlinks, a folder it may not read, ...
+        raise CatalogueError(f"folder cannot be read: {err.strerror or err}", "path") from None
+
+
+def _inspect_model_folder(path: str | Path, kind: str) -> ModelInfo:
+    try:
+        folder = Path(path).expanduser().resolve()
+    except RuntimeError as err:  # `~nobody/x`: no such user's home
+        raise CatalogueError(f"folder not found: {err}", "path") from None
     if not folder.is_dir():
         raise CatalogueError(f"folder not found: {folder}", "path")
     if kind == "tokenizer":
@@ -152,9 +174,30 @@ def add_reward_function(session: Session, name: str, target: str, description: s
 
 
 # ------------------------------------------------------------------------------------------------- servers
+def _url_host(url: str) -> str | None:
+    """The host of an http(s) URL whose authority is `[user[:password]@]host[:port]`, or None."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port  # port: ValueError when not a number from 0 to 65535
+    except ValueError:  # an unclosed IPv6 bracket (`http://[::1`), ...
+        return None
+    if parts.scheme not in ("http", "https") or not host:
+        return None
+    authority = URL_AUTHORITY.fullmatch(parts.netloc.rpartition("@")[2])
+    if authority is None or (port is not None and port < 1):
+        return None  # text after the host (`http://[::1]x`)
+    if authority.group(1).startswith("["):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:  # `[v1.x]`: an IPvFuture address no client speaks
+            return None
+    elif not HOST_PATTERN.fullmatch(host):
+        return None
+    return host
+
+
 def check_server_url(url: str) -> str:
-    parts = urlsplit(url) if isinstance(url, str) else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+    if not isinstance(url, str) or _url_host(url) is None:
         raise CatalogueError(f"url {url!r} must be an http:// or https:// URL with a host", "url")
     return url.rstrip("/")
 
@@ -180,9 +223,16 @@ def add_server(
 CATALOGUE_TABLES = {"models": CatalogueModel, "rewards": RewardFunction, "servers": ServerEndpoint}
 
 
+def _is_ref(ref: Any) -> bool:
+    """Whether `ref` can name a row: a name, or an id that fits the id columns (SQLite fails on larger ones)."""
+    if isinstance(ref, bool) or not isinstance(ref, int | str):
+        return False
+    return not isinstance(ref, int) or 0 < ref <= INT32_MAX
+
+
 def find_entry(session: Session, table, ref: int | str):
     """The row of `table` named `ref` (or with id `ref`), or None."""
-    if isinstance(ref, bool) or not isinstance(ref, int | str):
+    if not _is_ref(ref):
         return None
     column = table.id if isinstance(ref, int) else table.name
     return session.scalar(select(table).where(column == ref))
@@ -231,7 +281,7 @@ def dataset_file(data_dir: Path, dataset: Dataset) -> Path | None:
 
 def find_dataset(session: Session, user: User, ref: Any, data_dir: Path) -> tuple[Dataset, Path] | None:
     """Dataset `ref` (an id, or a name when exactly one visible dataset has it) that `user` may use, and its file."""
-    if isinstance(ref, bool) or not isinstance(ref, int | str):
+    if not _is_ref(ref):
         return None
     column = Dataset.id if isinstance(ref, int) else Dataset.name
     found = session.scalars(select(Dataset).where(column == ref, visible_datasets(user)).limit(2)).all()

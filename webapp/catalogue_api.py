@@ -16,6 +16,7 @@ from webapp.db import CatalogueModel, RewardFunction, ServerEndpoint, column_val
 from webapp.errors import abort_fields
 from webapp.extensions import db
 from webapp.schemas import (
+    CatalogueNamePath,
     ModelIn,
     ModelList,
     ModelOut,
@@ -87,9 +88,10 @@ def list_models(query_data):
 
 @bp.delete("/models/<name>")
 @bp.auth_required(auth)
+@bp.input(CatalogueNamePath, location="path")
 @bp.output({}, status_code=204)
 @bp.doc(responses={**ADMIN_ONLY, 404: "No such model"})
-def remove_model(name: str):
+def remove_model(name: str, path_data):
     """Remove a model from the catalogue (admin); its folder is left alone, queued jobs naming it are refused"""
     return _remove(CatalogueModel, name, "model")
 
@@ -137,9 +139,10 @@ def list_reward_functions():
 
 @bp.delete("/reward-functions/<name>")
 @bp.auth_required(auth)
+@bp.input(CatalogueNamePath, location="path")
 @bp.output({}, status_code=204)
 @bp.doc(responses={**ADMIN_ONLY, 404: "No such reward function"})
-def remove_reward_function(name: str):
+def remove_reward_function(name: str, path_data):
     """Remove a registered reward function (admin)"""
     return _remove(RewardFunction, name, "reward function")
 
@@ -166,8 +169,9 @@ def list_servers():
 
 @bp.delete("/servers/<name>")
 @bp.auth_required(auth)
+@bp.input(CatalogueNamePath, location="path")
 @bp.output({}, status_code=204)
 @bp.doc(responses={**ADMIN_ONLY, 404: "No such server"})
-def remove_server(name: str):
+def remove_server(name: str, path_data):
     """Remove a server from the catalogue (admin)"""
     return _remove(ServerEndpoint, name, "server")

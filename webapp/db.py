@@ -53,6 +53,8 @@ from aligner.redact import Redactor, redact_url, url_secrets
 from webapp.settings import service_settings
 
 RUNS_DIR = "runs"  # in the data folder: one run folder per job, job_ID (`run_dir_for`)
+# Integer columns are 32-bit on PostgreSQL: larger ids and steps cannot exist (and SQLite overflows past 2^63).
+INT32_MAX = 2**31 - 1
 
 QUEUED, RUNNING, CANCELLING = "queued", "running", "cancelling"
 SUCCEEDED, FAILED, CANCELLED, PAUSED = "succeeded", "failed", "cancelled", "paused"

@@ -16,11 +16,23 @@ from sqlalchemy.exc import SQLAlchemyError
 from webargs.core import parse_json
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from aligner.data.text import unstorable_strings
 from webapp.db import TransitionConflict, service_redactor
 from webapp.extensions import db
 
 # Where webargs found the input; dropped from the field names (`json.config.x` -> `config.x`).
-LOCATIONS = ("json", "query", "querystring", "form", "files", "form_and_files", "json_or_form", "headers", "view_args")
+LOCATIONS = (
+    "json",
+    "query",
+    "querystring",
+    "path",
+    "form",
+    "files",
+    "form_and_files",
+    "json_or_form",
+    "headers",
+    "view_args",
+)
 
 # JSON deeper than this is refused before parsing: Python's parser (and copying) would hit the recursion limit.
 MAX_JSON_DEPTH = 64
@@ -59,18 +71,18 @@ def _redacted(errors: dict[str, list[str]]) -> dict[str, list[str]]:
         return errors
 
 
-def flatten(messages: Any, prefix: str = "") -> dict[str, list[str]]:
-    """marshmallow's nested error messages as `{"a.b": ["reason"]}`."""
+def flatten(messages: Any, prefix: str = "", outer: bool = True) -> dict[str, list[str]]:
+    """marshmallow's nested error messages as `{"a.b": ["reason"]}`; `outer`: keys are webargs' locations."""
     out: dict[str, list[str]] = {}
     if isinstance(messages, dict):
         for key, value in messages.items():
             key = str(key)
-            if not prefix and key in LOCATIONS:
-                nested = flatten(value, "") if isinstance(value, dict) else {"body": _strings(value)}
+            if outer and key in LOCATIONS:  # a field may be named like a location (a model's `path`)
+                nested = flatten(value, "", outer=False) if isinstance(value, dict) else {"body": _strings(value)}
             elif key == "_schema":  # marshmallow's "the whole thing is wrong" (e.g. a list for an object)
                 nested = {prefix or "body": _strings(value)}
             else:
-                nested = flatten(value, f"{prefix}.{key}" if prefix else key)
+                nested = flatten(value, f"{prefix}.{key}" if prefix else key, outer=False)
             for k, v in nested.items():
                 out.setdefault(k, []).extend(v)
     else:
@@ -90,42 +102,6 @@ def json_too_deep(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
         if depth > limit:
             return True
     return False
-
-
-def _string_problem(text: str) -> str | None:
-    if "\x00" in text:
-        return "must not contain NUL characters"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        return f"must be valid Unicode: lone surrogate \\u{ord(text[err.start]):04x} at position {err.start}"
-    return None
-
-
-def unstorable_strings(value: Any, path: str = "") -> dict[str, list[str]]:
-    """The strings (keys included) in parsed JSON that no column, file name or UTF-8 text can hold, by dotted path.
-
-    JSON escapes can spell both: `\\u0000` (PostgreSQL text and file paths refuse NUL) and lone surrogates such as
-    `\\ud800` (no UTF-8 encoding exists). Depth is bounded by MAX_JSON_DEPTH, checked before parsing.
-    """
-    out: dict[str, list[str]] = {}
-    if isinstance(value, str):
-        problem = _string_problem(value)
-        if problem:
-            out[path or "body"] = [problem]
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            problem = _string_problem(key)
-            shown = key.encode("utf-8", "backslashreplace").decode().replace("\x00", "\\x00") if problem else key
-            child = f"{path}.{shown}" if path else shown
-            if problem:
-                out.setdefault(child, []).append(f"key {problem}")
-            for k, v in unstorable_strings(item, child).items():
-                out.setdefault(k, []).extend(v)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            out.update(unstorable_strings(item, f"{path}.{index}" if path else str(index)))
-    return out
 
 
 def _body_content_type() -> str | None:

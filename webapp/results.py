@@ -282,6 +282,17 @@ def _sse(event: Event) -> str:
     return f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n"
 
 
+SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "description": "The event's id (send it back as Last-Event-ID)."},
+        "event": {"type": "string", "description": "Its kind: status, log, checkpoint or health."},
+        "data": {"type": "string", "description": "Its payload, JSON."},
+    },
+    "required": ["id", "event", "data"],
+}
+
+
 @bp.get("/<int:job_id>/events")
 @bp.auth_required(auth)
 @bp.input(EventsQuery, location="query")
@@ -289,7 +300,8 @@ def _sse(event: Event) -> str:
     responses={
         200: {
             "description": "A text/event-stream of the job's events (id = event id, event = kind, data = JSON).",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            # Before OpenAPI 3.2 (itemSchema), a text/event-stream's `schema` describes each event.
+            "content": {"text/event-stream": {"schema": SSE_EVENT}},
         },
         429: "The user has MAX_EVENT_STREAMS_PER_USER streams open",
     },

@@ -6,15 +6,24 @@ import datetime as dt
 
 from apiflask import Schema
 from apiflask.fields import Boolean, DateTime, Dict, File, Float, Integer, List, Nested, String, Tuple
-from apiflask.validators import Length, OneOf, Range
+from apiflask.validators import Length, OneOf, Range, Regexp
 from flask import current_app, has_app_context
 from marshmallow import ValidationError, post_dump
 
 from aligner.metrics import TRAIN_REWARD
-from webapp.db import ACTIONS, ALGORITHMS, MODEL_KINDS, SERVER_KINDS, STATUSES, run_dir_name, service_redactor
+from webapp.catalogue import NAME_PATTERN, TARGET_PATTERN
+from webapp.db import (
+    ACTIONS,
+    ALGORITHMS,
+    INT32_MAX,
+    MODEL_KINDS,
+    SERVER_KINDS,
+    STATUSES,
+    run_dir_name,
+    service_redactor,
+)
 from webapp.extensions import db
 
-INT32_MAX = 2**31 - 1  # integer columns are 32-bit on PostgreSQL: larger ids and steps cannot exist
 MAX_GPUS_PER_JOB = 64
 MAX_PER_PAGE = 100
 SPLITS = ("train", "validation")
@@ -24,6 +33,10 @@ def no_nul(value: str) -> None:
     """PostgreSQL text cannot hold NUL characters: refuse them (422) instead of failing in the database (500)."""
     if "\x00" in value:
         raise ValidationError("must not contain NUL characters")
+
+
+# no_nul as an OpenAPI `pattern`, for fields without a pattern of their own (the document says NUL is refused).
+NO_NUL = Regexp("^[^\\u0000]*$", error="must not contain NUL characters")
 
 
 class UTCDateTime(DateTime):
@@ -50,7 +63,7 @@ class PageOut(Schema):
 
 # ----------------------------------------------------------------------------------------------------------- jobs
 class JobIn(Schema):
-    name = String(required=True, validate=[Length(min=1, max=200), no_nul], metadata={"example": "rloo-lr1e-6"})
+    name = String(required=True, validate=[Length(min=1, max=200), NO_NUL], metadata={"example": "rloo-lr1e-6"})
     config = Dict(
         keys=String(),
         required=True,
@@ -259,7 +272,7 @@ class TryOut(Schema):
 # -------------------------------------------------------------------------------------------------- job results
 class MetricsQuery(Schema):
     name = List(
-        String(validate=[Length(max=100), no_nul]),
+        String(validate=[Length(max=100), NO_NUL]),
         metadata={"description": "Only these metrics (repeat the parameter for several)."},
     )
     since_step = Integer(
@@ -348,7 +361,7 @@ class EventsQuery(Schema):
 # ----------------------------------------------------------------------------------------------------- datasets
 class DatasetIn(Schema):
     file = File(required=True, metadata={"description": "A prompt JSONL file (see aligner/data/prompts.py)."})
-    name = String(validate=[Length(min=1, max=200), no_nul], metadata={"description": "Default: the file's name."})
+    name = String(validate=[Length(min=1, max=200), NO_NUL], metadata={"description": "Default: the file's name."})
 
 
 class DatasetOut(Schema):
@@ -380,17 +393,28 @@ class HealthOut(Schema):
 
 # ---------------------------------------------------------------------------------------------------- catalogue
 CATALOGUE_NAME = {"description": "Letters, digits, '.', '_', '-' (1-100), starting with a letter or digit."}
+# The catalogue's rules as OpenAPI `pattern`s; webapp/catalogue.py checks them (for the CLI too), with its messages.
+NAME_RULES = [Length(min=1, max=100), no_nul]
+NAME_FIELD = {**CATALOGUE_NAME, "pattern": f"^{NAME_PATTERN.pattern}$"}
+TARGET_RULES = [Length(min=3, max=300), no_nul]
+TARGET_FIELD = {
+    "description": "`package.module:function`, importable by the workers.",
+    "example": "my.rm:score",
+    "pattern": f"^{TARGET_PATTERN.pattern}$",
+}
+URL_RULES = [Length(min=8, max=2000), no_nul]
+URL_FIELD = {"example": "http://rm:8000", "pattern": r"^https?://[^\s/?#\u0000]+([/?#][^\s\u0000]*)?$"}
 
 
 class ModelIn(Schema):
-    name = String(required=True, validate=[Length(min=1, max=100), no_nul], metadata=CATALOGUE_NAME)
+    name = String(required=True, validate=NAME_RULES, metadata=NAME_FIELD)
     path = String(
         required=True,
-        validate=[Length(min=1, max=4096), no_nul],
+        validate=[Length(min=1, max=4096), NO_NUL],
         metadata={"description": "A Hugging Face folder on the server (symlinks are resolved when registered)."},
     )
     kind = String(required=True, validate=OneOf(MODEL_KINDS), metadata={"description": "What jobs may use it as."})
-    description = String(load_default="", validate=[Length(max=2000), no_nul])
+    description = String(load_default="", validate=[Length(max=2000), NO_NUL])
 
 
 class ModelOut(Schema):
@@ -405,6 +429,10 @@ class ModelOut(Schema):
     path = String(allow_none=True, metadata={"description": "The server folder: shown to admins only."})
 
 
+class CatalogueNamePath(Schema):
+    name = String(required=True, validate=NAME_RULES, metadata=NAME_FIELD)
+
+
 class ModelQuery(Schema):
     kind = String(validate=OneOf(MODEL_KINDS), metadata={"description": "Only models of this kind."})
 
@@ -414,13 +442,13 @@ class ModelList(Schema):
 
 
 class RewardFunctionIn(Schema):
-    name = String(required=True, validate=[Length(min=1, max=100), no_nul], metadata=CATALOGUE_NAME)
+    name = String(required=True, validate=NAME_RULES, metadata=NAME_FIELD)
     target = String(
         required=True,
-        validate=[Length(min=3, max=300), no_nul],
-        metadata={"description": "`package.module:function`, importable by the workers.", "example": "my.rm:score"},
+        validate=TARGET_RULES,
+        metadata=TARGET_FIELD,
     )
-    description = String(load_default="", validate=[Length(max=2000), no_nul])
+    description = String(load_default="", validate=[Length(max=2000), NO_NUL])
 
 
 class RewardFunctionOut(Schema):
@@ -441,15 +469,15 @@ class RewardFunctionList(Schema):
 
 
 class ServerIn(Schema):
-    name = String(required=True, validate=[Length(min=1, max=100), no_nul], metadata=CATALOGUE_NAME)
-    url = String(required=True, validate=[Length(min=8, max=2000), no_nul], metadata={"example": "http://rm:8000"})
+    name = String(required=True, validate=NAME_RULES, metadata=NAME_FIELD)
+    url = String(required=True, validate=URL_RULES, metadata=URL_FIELD)
     kind = String(required=True, validate=OneOf(SERVER_KINDS))
     model_name = String(
         load_default="reward_model",
-        validate=[Length(min=1, max=100), no_nul],
-        metadata={"description": "Model name on a reward server (NeMo-Aligner's `reward_model`)."},
+        validate=NAME_RULES,
+        metadata={**NAME_FIELD, "description": "Model name on a reward server (NeMo-Aligner's `reward_model`)."},
     )
-    description = String(load_default="", validate=[Length(max=2000), no_nul])
+    description = String(load_default="", validate=[Length(max=2000), NO_NUL])
 
 
 class ServerOut(Schema):
@@ -489,7 +517,7 @@ class AdminJobOut(JobOut):
 
 
 class AdminJobListQuery(JobListQuery):
-    user = String(validate=[Length(min=1, max=100), no_nul], metadata={"description": "Only this user's jobs."})
+    user = String(validate=[Length(min=1, max=100), NO_NUL], metadata={"description": "Only this user's jobs."})
 
 
 class AdminJobPage(PageOut):

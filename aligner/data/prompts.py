@@ -3,7 +3,8 @@
 A prompt file holds one JSON object per line, either `{"prompt": "..."}` or
 `{"messages": [{"role": "user", "content": "..."}, ...]}`. Any other keys of a line travel with the prompt as
 metadata (a reward function can read, say, a reference `answer`). Files are checked completely, before any model
-loads; the first bad lines are reported with file, line number and reason.
+loads; the first bad lines are reported with file, line number and reason. Strings must be valid Unicode without
+NUL characters (aligner/data/text.py), as everything downstream (tokenizers, the service's database) needs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 
+from aligner.data.text import unstorable_strings
 from aligner.errors import PromptDataError
 
 MAX_REPORTED_ERRORS = 10
@@ -80,6 +82,12 @@ def read_jsonl_records(path: str | Path, check_line, what: str, items: str, erro
             continue
         except ValueError as err:  # an integer of more digits than sys.get_int_max_str_digits() (4300)
             errors.append(f"{path}:{lineno}: invalid JSON: {err}")
+            continue
+        # Parsed, but text no file, column or tokenizer takes (`\ud800`, `\u0000`): every job using it would fail.
+        unstorable = unstorable_strings(obj)
+        if unstorable:
+            where, reasons = next(iter(unstorable.items()))
+            errors.append(f"{path}:{lineno}: {where}: {reasons[0]}")
             continue
         result = check_line(obj)
         if isinstance(result, str):

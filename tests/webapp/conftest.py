@@ -41,7 +41,13 @@ def data_dir(tmp_path) -> Path:
 
 
 @pytest.fixture
-def app(backend, tmp_path, data_dir):
+def app_config() -> dict:
+    """More config keys of `app`: a test module overrides this fixture (tests/webapp/test_fuzz.py)."""
+    return {}
+
+
+@pytest.fixture
+def app(backend, tmp_path, data_dir, app_config):
     """The API on a fresh database whose catalogue holds the policy `tiny-sft` and the reward model `tiny-rm`
     (stand-in folders), and whose admin `operator` shared the datasets `train.jsonl` and `val.jsonl`."""
     with database_url(backend, tmp_path) as url:
@@ -52,6 +58,7 @@ def app(backend, tmp_path, data_dir):
                 "DATABASE_URL": url,
                 "JOB_QUEUE": InMemoryQueue(),
                 "SSE_POLL_INTERVAL": 0.02,
+                **app_config,
             }
         )
         with app.app_context():

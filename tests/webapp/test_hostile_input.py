@@ -1,7 +1,9 @@
 """Odd and hostile input never gives a 5xx: each is a 4xx whose body names the reason.
 
 Headers (Authorization), Content-Type, the JSON body (invalid UTF-8, lone surrogates, NUL, huge numbers, deep
-nesting, no Content-Length) and multipart uploads (odd file names and contents), on SQLite and PostgreSQL.
+nesting, no Content-Length), multipart uploads (odd file names and contents), ids past the id columns, paths the
+OS refuses and URLs that do not parse, on SQLite and PostgreSQL. tests/webapp/test_every_field.py sends every string
+field of the OpenAPI document a 10,000-character value and a NUL; tests/webapp/test_fuzz.py runs schemathesis.
 """
 
 from __future__ import annotations
@@ -260,8 +262,10 @@ def test_a_file_part_whose_name_is_not_utf8_is_a_missing_file(client, token):
         (b'{"prompt": 1e999}\n', ('"prompt" must be a non-empty string',)),
         (b"\x00\x00\x00\n", ("invalid JSON",)),
         (b"", ("no prompts",)),
+        (PROMPT_LINE + b'{"prompt": "a\\ud800"}\n', ("prompts.jsonl:2: prompt:", "lone surrogate \\ud800")),
+        (b'{"prompt": "a\\u0000"}\n', ("prompts.jsonl:1: prompt:", "NUL")),
     ],
-    ids=["utf16-bom", "latin1", "deep", "huge-int", "inf", "nul-bytes", "empty"],
+    ids=["utf16-bom", "latin1", "deep", "huge-int", "inf", "nul-bytes", "empty", "lone-surrogate", "nul-escape"],
 )
 def test_bad_file_contents_are_422_and_nothing_is_kept(client, token, data_dir, content, words):
     response = upload(client, token, content)
@@ -284,3 +288,99 @@ def test_a_multipart_body_that_is_not_multipart_is_422(client, token):
         assert_4xx(response, 422, "file", "Missing data")
     response = client.post(DATASETS, data=b"x", headers={**bearer(token), "Content-Type": "multipart/form-data"})
     assert response.status_code in (400, 422), response.get_data(as_text=True)  # no boundary at all
+
+
+# --------------------------------------------------------------------------------------- ids past the id columns
+BIG_IDS = [2**63, 2**31, -(2**63) - 1]  # SQLite overflows past 2^63 - 1; PostgreSQL's columns are 32-bit
+CONFIG_REFS = [
+    "model.policy",
+    "model.tokenizer",
+    "data.train_dataset",
+    "data.val_dataset",
+    "reward.function",
+    "reward.model",
+    "reward.server",
+    "critic.model",
+    "critic.server",
+    "validation.extra_rewards.gold.function",
+]
+
+
+@both_backends
+@pytest.mark.parametrize("field", CONFIG_REFS)
+def test_an_id_past_the_id_columns_in_a_config_is_422_at_its_field(client, token, config, field):
+    if field.startswith("critic."):
+        config["algorithm"] = "ppo"
+    if field in ("reward.model", "reward.server"):
+        del config["reward"]["function"]
+    for big in BIG_IDS:
+        section = config
+        *parents, last = field.split(".")
+        for key in parents:
+            section = section.setdefault(key, {})
+        section[last] = big
+        for url in (JOBS, "/api/v1/rewards/try"):
+            response = client.post(
+                url, json={"config": config, **({"name": "x"} if url == JOBS else {})}, headers=bearer(token)
+            )
+            assert response.status_code == 422, (url, big, response.get_data(as_text=True)[:300])
+            assert "not found" in " ".join(response.json["errors"][f"config.{field}"]), response.json
+
+
+@both_backends
+def test_ids_past_the_id_columns_in_paths_and_queries_are_4xx(client, token, admin_token, config):
+    job = create_job(client, token, config)["id"]
+    for big in (2**63, 2**31):
+        for method, url, status in [
+            ("get", f"{JOBS}/{big}", 404),
+            ("post", f"{JOBS}/{big}/cancel", 404),
+            ("get", f"{JOBS}/{big}/metrics", 404),
+            ("get", f"{JOBS}/{job}/checkpoints/{big}/download", 404),
+            ("get", f"/api/v1/admin/jobs/{big}", 404),
+            ("get", f"{JOBS}?page={big}", 422),
+            ("get", f"{JOBS}/{job}/samples?step={big}", 422),
+            ("get", f"{JOBS}/{job}/metrics?since_step={big}", 422),
+            ("get", f"{JOBS}/{job}/events?timeout=0&last_event_id={big}", 422),
+        ]:
+            response = getattr(client, method)(url, headers=bearer(admin_token if "admin" in url else token))
+            assert response.status_code == status, (url, response.get_data(as_text=True)[:300])
+        response = client.patch(f"{DATASETS}/{big}", json={"shared": True}, headers=bearer(admin_token))
+        assert response.status_code == 404, response.json
+
+
+# ------------------------------------------------------------------------------ paths, names and URLs of the catalogue
+CATALOGUE = "/api/v1/catalogue"
+
+
+@pytest.mark.parametrize(
+    ("path", "words"),
+    [
+        ("/" + "a" * 3000, ("cannot be read", "File name too long")),  # one name past NAME_MAX (255)
+        ("/tmp/" + "a/" * 2040, ("folder not found",)),
+        ("~no-such-user-x/model", ("folder not found",)),
+        ("x" * 4097, ("Length",)),
+        ("/tmp/a\x00b", ("NUL",)),
+    ],
+    ids=["name-too-long", "deep", "unknown-home", "4097-chars", "nul"],
+)
+def test_a_model_path_the_os_refuses_is_422_at_path(client, admin_token, path, words):
+    response = client.post(
+        f"{CATALOGUE}/models", json={"name": "m", "path": path, "kind": "policy"}, headers=bearer(admin_token)
+    )
+    assert_4xx(response, 422, "path", *words)
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://[::1]x", "https://[v1.x]", "http://[", "http://" + "a" * 2000])
+def test_a_server_url_that_does_not_parse_is_422_at_url(client, admin_token, url):
+    response = client.post(
+        f"{CATALOGUE}/servers", json={"name": "s", "url": url, "kind": "reward"}, headers=bearer(admin_token)
+    )
+    assert response.status_code == 422 and "url" in response.json["errors"], response.json
+
+
+@both_backends
+@pytest.mark.parametrize("kind", ["models", "reward-functions", "servers"])
+@pytest.mark.parametrize(("name", "words"), [("a%00b", ("NUL",)), ("x" * 10_000, ("Length",))], ids=["nul", "10k"])
+def test_a_catalogue_name_in_the_path_is_bounded(client, admin_token, kind, name, words):
+    response = client.delete(f"{CATALOGUE}/{kind}/{name}", headers=bearer(admin_token))
+    assert_4xx(response, 422, "name", *words)

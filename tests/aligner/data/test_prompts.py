@@ -57,6 +57,28 @@ def test_empty_and_missing_files(tmp_path):
         read_prompt_file(tmp_path / "latin1.jsonl")
 
 
+def test_text_no_tokenizer_or_database_takes_is_a_bad_line(tmp_path):
+    # JSON escapes parse into strings with lone surrogates or NUL: every job using the file would fail on them later.
+    path = write_lines(
+        tmp_path / "odd.jsonl",
+        [
+            r'{"prompt": "fine \ud83d\ude00"}',  # a surrogate pair: one valid character
+            r'{"prompt": "a\ud800b"}',
+            r'{"messages": [{"role": "user", "content": "\udfff"}]}',
+            r'{"prompt": "x", "answer\ud800": 1}',
+            r'{"prompt": "a\u0000b"}',
+        ],
+    )
+    with pytest.raises(PromptDataError) as err:
+        read_prompt_file(path)
+    text = str(err.value)
+    assert "4 bad line(s)" in text
+    assert f"{path}:2: prompt: must be valid Unicode: lone surrogate \\ud800 at position 1" in text
+    assert f"{path}:3: messages.0.content: must be valid Unicode: lone surrogate \\udfff" in text
+    assert f"{path}:4: answer\\ud800: key must be valid Unicode" in text
+    assert f"{path}:5: prompt: must not contain NUL characters" in text
+
+
 def test_chat_template_applies_when_the_tokenizer_has_one(tmp_path, tiny_policy_dir):
     tokenizer = load_tokenizer(tiny_policy_dir)
     records = read_prompt_file(write_lines(tmp_path / "p.jsonl", [{"prompt": "describe the cat."}]))
