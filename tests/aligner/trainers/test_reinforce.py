@@ -1,5 +1,6 @@
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from safetensors.torch import load_file
 
 from aligner import metrics
 from aligner.cli import main
-from aligner.errors import PromptDataError, RunDirError
+from aligner.errors import AlignerError, PromptDataError, RunDirError
 from aligner.run_layout import (
     CHECKPOINT_DIR,
     EVENTS_FILE,
@@ -18,6 +19,7 @@ from aligner.run_layout import (
     STATE_FILE,
     TENSORBOARD_DIR,
     RunEnd,
+    checkpoint_name,
     checkpoint_problem,
     list_checkpoints,
     read_end,
@@ -237,6 +239,31 @@ def test_existing_checkpoints_need_resume(run_config):
     train(config)
     with pytest.raises(RunDirError, match="pass --resume"):
         ReinforceTrainer(config).setup()
+
+
+def test_a_full_disk_during_a_save_keeps_the_last_checkpoint_and_says_so(run_config, monkeypatch):
+    """torch says only "file write failed" when the disk fills during a save: the trainer says the disk is full,
+    removes the half-written folder, and a resume (space freed) continues from the checkpoint before."""
+    from aligner.trainers import reinforce
+
+    config = run_config(trainer={"max_steps": 4, "save_interval": 2})
+    train(config, until_step=2)
+    real_save = torch.save
+
+    def full_disk(obj, path, *args, **kwargs):
+        if str(path).endswith(".tmp/" + STATE_FILE):
+            raise RuntimeError("[enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing file")
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(reinforce.torch, "save", full_disk)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 4096))
+    with pytest.raises(AlignerError, match="the disk is full: checkpoint step 4 was not saved"):
+        train(config, resume=True)
+    checkpoints = [p for p in (Path(config.run_dir) / CHECKPOINT_DIR).iterdir() if p.is_dir()]
+    assert [c.name for c in checkpoints] == [checkpoint_name(2)]  # no step_4.tmp, step_2 untouched
+    assert checkpoint_problem(checkpoints[0]) is None
+    monkeypatch.undo()
+    assert train(config, resume=True).step == 4
 
 
 def test_bad_prompt_data_fails_before_any_model_loads(run_config, tmp_path):
