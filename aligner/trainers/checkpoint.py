@@ -61,8 +61,9 @@ def writing_checkpoint(tmp: Path, step: int) -> Iterator[None]:
         full = disk_full(err, tmp.parent)
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
+            # not the error's own text: an OSError names the server's path (the log's traceback has it all)
             raise AlignerError(
-                f"the disk is full: checkpoint step {step} was not saved ({type(err).__name__}: {err}); the "
+                f"the disk is full ({os.strerror(errno.ENOSPC)}): checkpoint step {step} was not saved; the "
                 "checkpoints before it are intact: free space on the run folder's disk, then resume the job"
             ) from err
         raise
