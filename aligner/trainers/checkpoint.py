@@ -30,6 +30,7 @@ from aligner.run_layout import (
     MANIFEST_FILE,
     checkpoint_name,
     checkpoint_problem,
+    checkpoint_steps,
     make_manifest,
 )
 
@@ -61,10 +62,14 @@ def writing_checkpoint(tmp: Path, step: int) -> Iterator[None]:
         full = disk_full(err, tmp.parent)
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
+            then = (
+                "the checkpoints before it are intact: free space on the run folder's disk, then resume the job"
+                if checkpoint_steps(tmp.parent.parent)
+                else "the job has no checkpoint yet: free space on the run folder's disk, then retry the job"
+            )
             # not the error's own text: an OSError names the server's path (the log's traceback has it all)
             raise AlignerError(
-                f"the disk is full ({os.strerror(errno.ENOSPC)}): checkpoint step {step} was not saved; the "
-                "checkpoints before it are intact: free space on the run folder's disk, then resume the job"
+                f"the disk is full ({os.strerror(errno.ENOSPC)}): checkpoint step {step} was not saved; {then}"
             ) from err
         raise
 
