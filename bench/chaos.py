@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import errno
 import glob
 import http.client
 import json
@@ -676,7 +677,15 @@ class Chaos:
         filler = data_dir / "chaos-filler"
         headroom = self.stack.args.disk_headroom_kb << 10
         with filler.open("wb") as f:
-            os.posix_fallocate(f.fileno(), 0, max(shutil.disk_usage(data_dir).free - headroom, 1))
+            for _ in range(50):  # the running jobs write meanwhile: a size just measured may be gone already
+                try:
+                    more = shutil.disk_usage(data_dir).free - headroom
+                    if more > 0:
+                        os.posix_fallocate(f.fileno(), os.fstat(f.fileno()).st_size, more)
+                    break
+                except OSError as err:
+                    if err.errno != errno.ENOSPC:
+                        raise
         began = time.monotonic()
         say(f"data folder full (filler {filler.stat().st_size >> 20} MiB, {headroom >> 10} KiB left)")
 
