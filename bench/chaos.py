@@ -519,13 +519,22 @@ class Chaos:
         self.note("restart-broker", f"{self.stack.args.broker} down and up again in {time.monotonic() - began:.1f} s")
 
     def kill_trainer(self, job_id, run_dir, owner, outage) -> None:
-        try:
-            pid = json.loads((run_dir / "trainer.pid").read_text())["pid"]
-            os.kill(pid, signal.SIGKILL)
-        except (OSError, ValueError, KeyError) as err:
-            self.note("kill-trainer", f"job {job_id}: no trainer to kill ({err})")
-            return
-        self.note("kill-trainer", f"job {job_id}: trainer pid {pid} SIGKILLed")
+        missing = None
+        for _ in range(10):  # a job just re-queued by the fault before has no trainer yet: look again
+            try:
+                pid = json.loads((run_dir / "trainer.pid").read_text())["pid"]
+                os.kill(pid, signal.SIGKILL)
+            except (OSError, ValueError, KeyError) as err:
+                missing = err
+            else:
+                self.note("kill-trainer", f"job {job_id}: trainer pid {pid} SIGKILLed")
+                return
+            time.sleep(1)
+            job = self.running_job(timeout=30)
+            if job is None:
+                break
+            job_id, run_dir = job[0], Path(job[1])
+        self.note("kill-trainer", f"job {job_id}: no trainer to kill ({missing})")
 
     def reward_outage(self, job_id, run_dir, owner, outage) -> None:
         self.stack.reward.stop(grace=45, main_only=True)  # as its operator would stop it (docker stop, systemctl)
