@@ -41,7 +41,7 @@ from aligner.algorithms.reinforce import (
 from aligner.config import TrainConfig, save_config
 from aligner.data.prompts import PromptDataset, PromptSampler, build_prompt_dataset, read_prompt_file
 from aligner.durable import fsync_file
-from aligner.errors import ConfigError, RunDirError, ServerUnavailableError
+from aligner.errors import ConfigError, RunDirError, ServerUnavailableError, disk_full_message
 from aligner.generation.engines import build_generator
 from aligner.generation.generator import GenerationOutput, _concat, resolve_compile
 from aligner.metrics import (
@@ -395,7 +395,7 @@ class ReinforceTrainer:
             self._end(STOPPED, message, failing=True)
             raise
         except BaseException as err:
-            self._end(FAILED, f"{type(err).__name__}: {err}", failing=True)
+            self._end(FAILED, disk_full_message(err) or f"{type(err).__name__}: {err}", failing=True)
             raise
         if self.step >= self.total_steps:
             self._end(

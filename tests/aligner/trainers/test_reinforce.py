@@ -283,6 +283,23 @@ def test_cli_reports_user_errors_without_traceback(tmp_path, capsys):
     assert "Traceback" not in err
 
 
+def test_cli_says_the_disk_is_full_wherever_the_write_failed(tmp_path, capsys, monkeypatch):
+    """A full disk outside a checkpoint save (samples.jsonl, bench/chaos.py's disk-full run): one line the worker
+    shows as the reason, in words, with no server path."""
+    import errno
+
+    from aligner import cli
+
+    def full(_args):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "samples.jsonl"))
+
+    monkeypatch.setattr(cli, "_cmd_train", full)
+    assert main(["train", "--config", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("aligner train: error: the disk is full (No space left on device)")
+    assert str(tmp_path) not in err and "Traceback" not in err
+
+
 def test_lr_schedule_warmup_then_cosine():
     assert lr_multiplier(0, 4, 20, 0.1) == pytest.approx(0.25)
     assert lr_multiplier(3, 4, 20, 0.1) == pytest.approx(1.0)
