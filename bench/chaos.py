@@ -461,7 +461,7 @@ class Chaos:
                 row = session.execute(
                     select(Job.id, Job.run_dir, Job.worker)
                     .where(Job.id.in_(self.job_ids), Job.status == RUNNING, Job.step >= min_step)
-                    .order_by(Job.id)
+                    .order_by(Job.step, Job.id)  # the least advanced: the fault lands before the job ends
                 ).first()
                 unfinished = session.scalar(
                     select(Job.id).where(Job.id.in_(self.job_ids), Job.status.not_in(FINAL_STATUSES)).limit(1)
