@@ -588,6 +588,11 @@ class Chaos:
         second = self.stack.launch_api("api2", port)
         try:
             self.stack.wait_api(second, port)
+            job = self.running_job()  # again: the job taken before the second API booted may have ended meanwhile
+            if job is None:
+                self.note("two-apis", "skipped: no job running past step 2 any more")
+                return
+            job_id = job[0]
             apis = [self.stack.api, f"http://127.0.0.1:{port}/api/v1"]
             cancels = self.race(job_id, [(api, "cancel") for api in apis for _ in range(2)])
             status = wait_until(lambda: self.final_status(job_id), 180, f"job {job_id} to stop")
