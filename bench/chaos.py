@@ -600,6 +600,9 @@ class Chaos:
                 self.note("two-apis", f"job {job_id} ended {status} before the cancels landed: {cancels}")
                 return
             self.check_race("cancel", cancels, winners=None)
+            if status != CANCELLED:  # the cancel landed as it ended its last step: nothing to resume or retry
+                self.note("two-apis", f"job {job_id}: 4 cancels at once: {cancels}; it ended {status} even so")
+                return
             again = self.race(job_id, [(api, action) for action in ("resume", "retry") for api in apis])
             self.check_race("resume/retry", again, winners=1)
             self.note("two-apis", f"job {job_id}: 4 cancels from 2 APIs at once: {cancels}; resume, resume, retry, "
