@@ -22,7 +22,7 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from aligner.errors import AlignerError
+from aligner.errors import AlignerError, disk_full_message
 
 COMMAND_GROUP = "aligner.commands"  # entry points: callables that add subcommands to the `aligner` parser
 
@@ -222,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except AlignerError as err:
         print(f"aligner {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if disk_full_message(err) is None:
+            raise
+        # a line the service's worker shows as the reason (aligner/errors.py says why not the error's own)
+        print(f"aligner {args.command}: error: {disk_full_message(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"aligner {args.command}: interrupted", file=sys.stderr)

@@ -7,6 +7,9 @@ built-in exception it replaces, so code that catches `ValueError` or `RuntimeErr
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class AlignerError(Exception):
     """An error caused by the user's input or environment: printed as a message, never as a traceback."""
@@ -64,3 +67,14 @@ class ServerStartError(AlignerError, RuntimeError):
 
 class RunDirError(AlignerError, RuntimeError):
     """A run directory that does not fit the request (existing checkpoints without --resume, ...)."""
+
+
+def disk_full_message(err: BaseException) -> str | None:
+    """The words for an OSError of a full disk (ENOSPC, EDQUOT) wherever the write was, else None: the error's own
+    text says only "Errno 28" and names a server path."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"the disk is full ({os.strerror(err.errno)}): free space on the run folder's disk, then resume from the "
+            "last checkpoint"
+        )
+    return None

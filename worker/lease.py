@@ -6,12 +6,16 @@ worker holds a live lease, or the job is finished or cancelled. The holder renew
 running or cancelling and the row still names it (`renew_lease`); once the heartbeat is older than
 `Settings.lease_timeout` the lease is stale: another run of the job takes it over, or the recovery sweep
 (worker/recovery.py) re-queues the job.
+
+Heartbeats are written and judged by one clock, the database server's (`db_utcnow`), never a worker's: a worker whose
+clock jumps forward (NTP, a VM resumed) would otherwise see every other worker's heartbeat as stale and take their
+healthy jobs over, and one whose clock lags would write heartbeats that look stale to the others (bench/chaos.py's
+clock-jump fault).
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
 import os
 import socket
@@ -19,15 +23,40 @@ import threading
 import uuid
 from collections.abc import Iterator
 
-from sqlalchemy import ColumnElement, and_, or_, update
+from sqlalchemy import ColumnElement, DateTime, Float, and_, literal, or_, update
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.functions import FunctionElement
 
-from webapp.db import CANCELLING, QUEUED, RUNNING, Job, session_scope, utcnow
+from webapp.db import CANCELLING, QUEUED, RUNNING, Job, session_scope
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
 
 LEASED_STATUSES = (RUNNING, CANCELLING)  # a job in these has a worker, whose lease is live or stale
+
+
+class db_utcnow(FunctionElement):  # noqa: N801 - an SQL function, named like one
+    """SQL: the database server's UTC time (naive, as the DateTime columns hold it), plus `seconds` (may be < 0)."""
+
+    type = DateTime()
+    inherit_cache = True
+
+    def __init__(self, seconds: float = 0.0):
+        super().__init__(literal(float(seconds), Float))
+
+
+@compiles(db_utcnow)
+def _db_utcnow_postgresql(element, compiler, **kw) -> str:
+    seconds = compiler.process(element.clauses, **kw)
+    return f"(timezone('utc', statement_timestamp()) + make_interval(secs => {seconds}))"
+
+
+@compiles(db_utcnow, "sqlite")
+def _db_utcnow_sqlite(element, compiler, **kw) -> str:
+    # the text SQLAlchemy stores for a DateTime (6 fractional digits), so stored values compare as text in order
+    seconds = compiler.process(element.clauses, **kw)
+    return f"strftime('%Y-%m-%d %H:%M:%f000', 'now', printf('%+.3f seconds', {seconds}))"
 
 
 def lease_owner() -> str:
@@ -37,8 +66,7 @@ def lease_owner() -> str:
 
 def lease_is_stale(settings: Settings) -> ColumnElement[bool]:
     """SQL: the job's heartbeat is missing or older than the lease timeout (its worker counts as lost)."""
-    stale_before = utcnow() - dt.timedelta(seconds=settings.lease_timeout)
-    return or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < stale_before)
+    return or_(Job.heartbeat_at.is_(None), Job.heartbeat_at < db_utcnow(-settings.lease_timeout))
 
 
 def runnable(settings: Settings) -> ColumnElement[bool]:
@@ -51,7 +79,7 @@ def take_lease(session: Session, job_id: int, owner: str, settings: Settings) ->
     result = session.execute(
         update(Job)
         .where(Job.id == job_id, runnable(settings))
-        .values(worker=owner, heartbeat_at=utcnow(), attempts=Job.attempts + 1)
+        .values(worker=owner, heartbeat_at=db_utcnow(), attempts=Job.attempts + 1)
         .execution_options(synchronize_session=False)
     )
     return result.rowcount == 1
@@ -62,7 +90,7 @@ def renew_lease(session: Session, job_id: int, owner: str) -> Job | None:
     result = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.worker == owner, Job.status.in_(LEASED_STATUSES))
-        .values(heartbeat_at=utcnow())
+        .values(heartbeat_at=db_utcnow())
         .execution_options(synchronize_session=False)
     )
     if result.rowcount != 1:

@@ -24,7 +24,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from webapp.db import CANCELLED, CANCELLING, FAILED, QUEUED, Job, add_event, session_scope, transition, utcnow
-from worker.lease import LEASED_STATUSES, lease_is_stale
+from worker.lease import LEASED_STATUSES, db_utcnow, lease_is_stale
 from worker.processes import kill_leftover_critic
 from worker.settings import Settings, session_factory
 
@@ -55,7 +55,7 @@ def requeue_stale_jobs(
             claimed = session.execute(
                 update(Job)
                 .where(Job.id == job_id, Job.status.in_(LEASED_STATUSES), stale)
-                .values(heartbeat_at=utcnow())
+                .values(heartbeat_at=db_utcnow())
                 .execution_options(synchronize_session=False)
             )
             if claimed.rowcount != 1:

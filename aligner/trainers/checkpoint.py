@@ -10,6 +10,7 @@ back to the checkpoint before it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -29,8 +30,48 @@ from aligner.run_layout import (
     MANIFEST_FILE,
     checkpoint_name,
     checkpoint_problem,
+    checkpoint_steps,
     make_manifest,
 )
+
+DISK_FULL_FREE_BYTES = 1 << 20  # a write failed with less than this free: the disk was full, whatever the error says
+
+
+def disk_full(err: BaseException, folder: Path) -> bool:
+    """Whether `err`, raised writing into `folder`, is a full disk: ENOSPC or EDQUOT anywhere in its chain, or (torch
+    and safetensors say only "file write failed") under DISK_FULL_FREE_BYTES left on the folder's filesystem."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    try:
+        return shutil.disk_usage(folder).free < DISK_FULL_FREE_BYTES
+    except OSError:
+        return False
+
+
+@contextmanager
+def writing_checkpoint(tmp: Path, step: int) -> Iterator[None]:
+    """Around the writes into `tmp`: on an error the half-written folder is removed (it is never resumed from, but
+    it holds the space a full disk needs back), and a full disk is said in words, not as torch's "file write
+    failed"; the checkpoints before stay as they were."""
+    try:
+        yield
+    except Exception as err:
+        full = disk_full(err, tmp.parent)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            then = (
+                "the checkpoints before it are intact: free space on the run folder's disk, then resume the job"
+                if checkpoint_steps(tmp.parent.parent)
+                else "the job has no checkpoint yet: free space on the run folder's disk, then retry the job"
+            )
+            # not the error's own text: an OSError names the server's path (the log's traceback has it all)
+            raise AlignerError(
+                f"the disk is full ({os.strerror(errno.ENOSPC)}): checkpoint step {step} was not saved; {then}"
+            ) from err
+        raise
 
 
 def commit_checkpoint(tmp: Path, final: Path) -> None:

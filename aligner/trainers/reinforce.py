@@ -41,7 +41,7 @@ from aligner.algorithms.reinforce import (
 from aligner.config import TrainConfig, save_config
 from aligner.data.prompts import PromptDataset, PromptSampler, build_prompt_dataset, read_prompt_file
 from aligner.durable import fsync_file
-from aligner.errors import ConfigError, RunDirError, ServerUnavailableError
+from aligner.errors import ConfigError, RunDirError, ServerUnavailableError, disk_full_message
 from aligner.generation.engines import build_generator
 from aligner.generation.generator import GenerationOutput, _concat, resolve_compile
 from aligner.metrics import (
@@ -120,6 +120,7 @@ from aligner.trainers.checkpoint import (
     rng_state,
     set_rng_state,
     write_json_atomic,
+    writing_checkpoint,
 )
 from aligner.trainers.loop import RunClock, adamw, is_save_step, is_validation_step, optimizer_step, run_length
 from aligner.trainers.rollout import rollout_metrics, sample_prompt_indices, sample_rows, throughput_metrics
@@ -394,7 +395,7 @@ class ReinforceTrainer:
             self._end(STOPPED, message, failing=True)
             raise
         except BaseException as err:
-            self._end(FAILED, f"{type(err).__name__}: {err}", failing=True)
+            self._end(FAILED, disk_full_message(err) or f"{type(err).__name__}: {err}", failing=True)
             raise
         if self.step >= self.total_steps:
             self._end(
@@ -952,28 +953,29 @@ class ReinforceTrainer:
             return final
         if not self.uses_megatron:
             shutil.rmtree(tmp, ignore_errors=True)
-        if self.uses_lora:
-            save_adapter(self.policy, tmp / ADAPTER_DIR)
-        else:
-            save_policy(self.policy, self.tokenizer, tmp / "policy")
-        state = {
-            "step": self.step,
-            # Megatron: per rank, in MEGATRON_OPTIMIZER_FILE; the policy folder holds the gathered weights.
-            "optimizer": None if self.uses_megatron else self.optimizer.state_dict(),
-            "megatron_layout": self._megatron_layout(),
-            "scheduler": self.scheduler.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "rng": rng_per_rank[0],
-            "rng_per_rank": rng_per_rank,
-            "best": self.best,
-            # async rollouts: each rank's samples for the next step, already generated one update behind.
-            "ahead_per_rank": ahead_per_rank,
-        }
-        self._save_extra(tmp)
-        torch.save(state, tmp / STATE_FILE)
-        save_config(self.config, tmp / "config.yaml")
-        # After the barrier above every rank's file is in `tmp`: the manifest covers them all.
-        commit_checkpoint(tmp, final)
+        with writing_checkpoint(tmp, self.step):
+            if self.uses_lora:
+                save_adapter(self.policy, tmp / ADAPTER_DIR)
+            else:
+                save_policy(self.policy, self.tokenizer, tmp / "policy")
+            state = {
+                "step": self.step,
+                # Megatron: per rank, in MEGATRON_OPTIMIZER_FILE; the policy folder holds the gathered weights.
+                "optimizer": None if self.uses_megatron else self.optimizer.state_dict(),
+                "megatron_layout": self._megatron_layout(),
+                "scheduler": self.scheduler.state_dict(),
+                "sampler": self.sampler.state_dict(),
+                "rng": rng_per_rank[0],
+                "rng_per_rank": rng_per_rank,
+                "best": self.best,
+                # async rollouts: each rank's samples for the next step, already generated one update behind.
+                "ahead_per_rank": ahead_per_rank,
+            }
+            self._save_extra(tmp)
+            torch.save(state, tmp / STATE_FILE)
+            save_config(self.config, tmp / "config.yaml")
+            # After the barrier above every rank's file is in `tmp`: the manifest covers them all.
+            commit_checkpoint(tmp, final)
         if self.best and self.best["step"] == self.step:
             write_json_atomic(final.parent / BEST_FILE, {**self.best, "path": final.name})
         keep = self.config.trainer.keep_checkpoints

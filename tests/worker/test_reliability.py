@@ -86,6 +86,32 @@ def test_the_sweep_sends_again_a_queued_job_no_worker_took(factory, tmp_path):
     assert resend_queued_jobs(again, factory, send=sent.append) == [lost, fresh, legacy]
 
 
+def test_a_clock_jump_on_a_worker_loses_no_healthy_lease(factory, tmp_path, monkeypatch):
+    """Heartbeats are written and judged by the database's clock: a worker whose clock lags by an hour writes a
+    live heartbeat, and a sweep on a worker whose clock jumped an hour ahead sees it live (bench/chaos.py's
+    clock-jump fault)."""
+    from worker import lease, recovery
+
+    def shifted(seconds):
+        def now():
+            return dt.datetime.now(dt.UTC).replace(tzinfo=None) + dt.timedelta(seconds=seconds)
+
+        for module in (lease, recovery):  # where the worker's code reads its clock
+            monkeypatch.setattr(module, "utcnow", now, raising=False)
+
+    job_id = create_job(factory, {}, status="running")
+    s = worker_settings(tmp_path, lease_timeout=5.0)
+    shifted(-3600)  # the worker holding the job: its clock an hour behind
+    with session_scope(factory) as session:
+        assert lease.take_lease(session, job_id, "lagging:1:a", s)
+    shifted(+3600)  # another worker's sweep, its clock an hour ahead
+    sent = []
+    assert recovery.requeue_stale_jobs(s, factory, send=sent.append) == [] == sent
+    with session_scope(factory) as session:
+        assert lease.renew_lease(session, job_id, "lagging:1:a") is not None
+        assert not lease.take_lease(session, job_id, "ahead:2:b", s)  # the lease is live: no second run
+
+
 # ------------------------------------------------------------------------------------------------- graceful stop
 @pytest.mark.slow
 def test_a_stopping_worker_hands_the_job_back_at_a_checkpoint(factory, tmp_path, job_config):

@@ -1,5 +1,6 @@
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from safetensors.torch import load_file
 
 from aligner import metrics
 from aligner.cli import main
-from aligner.errors import PromptDataError, RunDirError
+from aligner.errors import AlignerError, PromptDataError, RunDirError
 from aligner.run_layout import (
     CHECKPOINT_DIR,
     EVENTS_FILE,
@@ -18,6 +19,7 @@ from aligner.run_layout import (
     STATE_FILE,
     TENSORBOARD_DIR,
     RunEnd,
+    checkpoint_name,
     checkpoint_problem,
     list_checkpoints,
     read_end,
@@ -239,6 +241,33 @@ def test_existing_checkpoints_need_resume(run_config):
         ReinforceTrainer(config).setup()
 
 
+def test_a_full_disk_during_a_save_keeps_the_last_checkpoint_and_says_so(run_config, monkeypatch):
+    """torch says only "file write failed" when the disk fills during a save: the trainer says the disk is full,
+    removes the half-written folder, and a resume (space freed) continues from the checkpoint before."""
+    from aligner.trainers import reinforce
+
+    config = run_config(trainer={"max_steps": 4, "save_interval": 2})
+    train(config, until_step=2)
+    real_save = torch.save
+
+    def full_disk(obj, path, *args, **kwargs):
+        if str(path).endswith(".tmp/" + STATE_FILE):
+            raise RuntimeError("[enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing file")
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(reinforce.torch, "save", full_disk)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 4096))
+    with pytest.raises(
+        AlignerError, match=r"the disk is full \(No space left on device\): checkpoint step 4 was not saved;"
+    ):
+        train(config, resume=True)
+    checkpoints = [p for p in (Path(config.run_dir) / CHECKPOINT_DIR).iterdir() if p.is_dir()]
+    assert [c.name for c in checkpoints] == [checkpoint_name(2)]  # no step_4.tmp, step_2 untouched
+    assert checkpoint_problem(checkpoints[0]) is None
+    monkeypatch.undo()
+    assert train(config, resume=True).step == 4
+
+
 def test_bad_prompt_data_fails_before_any_model_loads(run_config, tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"prompt": "ok"}\n{"promt": "typo"}\n')
     config = run_config(data={"train_file": str(tmp_path / "bad.jsonl")}, model={"policy_path": "/nonexistent"})
@@ -252,6 +281,23 @@ def test_cli_reports_user_errors_without_traceback(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "data: required field is missing" in err and "optim.lr: Input should be a valid number" in err
     assert "Traceback" not in err
+
+
+def test_cli_says_the_disk_is_full_wherever_the_write_failed(tmp_path, capsys, monkeypatch):
+    """A full disk outside a checkpoint save (samples.jsonl, bench/chaos.py's disk-full run): one line the worker
+    shows as the reason, in words, with no server path."""
+    import errno
+
+    from aligner import cli
+
+    def full(_args):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "samples.jsonl"))
+
+    monkeypatch.setattr(cli, "_cmd_train", full)
+    assert main(["train", "--config", str(tmp_path / "c.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("aligner train: error: the disk is full (No space left on device)")
+    assert str(tmp_path) not in err and "Traceback" not in err
 
 
 def test_lr_schedule_warmup_then_cosine():
