@@ -33,7 +33,8 @@ from webapp.db import ApiToken, User, hash_token
 from webapp.extensions import db
 from webapp.queues import InMemoryQueue
 
-pytestmark = pytest.mark.slow
+# About a second per operation (35 tests, 30-40 s together): counted so in the suite's ordering (tests/conftest.py).
+pytestmark = pytest.mark.slow(1)
 
 EXAMPLES = int(os.environ.get("ALIGNER_FUZZ_EXAMPLES", "25"))
 ACCEPTED = ["2xx", 401, 403, 404, 409, 413, 429]  # a valid request may still be refused for these reasons
