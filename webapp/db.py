@@ -299,16 +299,7 @@ def service_redactor(session: Session, run_dir: str | Path | None = None, data_d
     cached = session.info.get(key)
     if cached is not None:
         return cached
-    names: dict[str, str] = {}
-    for name, path in session.execute(select(CatalogueModel.name, CatalogueModel.path)):
-        names[path] = f"<model {name}>"
-    for name, target in session.execute(select(RewardFunction.name, RewardFunction.target)):
-        names[target] = f"<reward function {name}>"
-    for name, url in session.execute(select(ServerEndpoint.name, ServerEndpoint.url)):
-        shown = f"<server {name}>"
-        for spelling in (url, url.rstrip("/"), redact_url(url), redact_url(url).rstrip("/")):
-            names[spelling] = shown
-        names.update(dict.fromkeys(url_secrets(url), "***"))
+    names = dict(_catalogue_secrets(session))
     folders = [Path(d).resolve() for d in (data_dir, service_settings().data_dir) if d]
     if run_dir and Path(run_dir).is_absolute():
         run = Path(run_dir)
@@ -327,6 +318,26 @@ def service_redactor(session: Session, run_dir: str | Path | None = None, data_d
     redactor = Redactor(names)
     session.info[key] = redactor
     return redactor
+
+
+def _catalogue_secrets(session: Session) -> dict[str, str]:
+    """The catalogue's folders, targets and server URLs (and the URLs' credentials) by the names users see: read once
+    per session, whatever run folders its redactors are for (a page of jobs has as many)."""
+    cached = session.info.get("catalogue_secrets")
+    if cached is not None:
+        return cached
+    names: dict[str, str] = {}
+    for name, path in session.execute(select(CatalogueModel.name, CatalogueModel.path)):
+        names[path] = f"<model {name}>"
+    for name, target in session.execute(select(RewardFunction.name, RewardFunction.target)):
+        names[target] = f"<reward function {name}>"
+    for name, url in session.execute(select(ServerEndpoint.name, ServerEndpoint.url)):
+        shown = f"<server {name}>"
+        for spelling in (url, url.rstrip("/"), redact_url(url), redact_url(url).rstrip("/")):
+            names[spelling] = shown
+        names.update(dict.fromkeys(url_secrets(url), "***"))
+    session.info["catalogue_secrets"] = names
+    return names
 
 
 def _job_run_dir(session: Session, job_id: int) -> str | None:
