@@ -114,6 +114,7 @@ def init_app(app: APIFlask, authenticated: Iterable[Blueprint]) -> None:
         signin(blueprint)
     app.extensions[EXTENSION] = StreamSlots()
     app.extensions[TRY_EXTENSION] = StreamSlots()  # the same counting serves reward tries
+    app.extensions[DOWNLOAD_EXTENSION] = StreamSlots()  # and downloads
 
     @app.errorhandler(RateLimitExceeded)
     def _too_many_failed_signins(exc: RateLimitExceeded):
@@ -184,46 +185,48 @@ def check_dataset_bytes(upload_bytes: int, reserved: int | None = None) -> None:
         abort_fields(413, f"Dataset storage limit reached ({limit} bytes per user)", {"file": [reason]})
 
 
+def _take_slot(extension: str, config_key: str, refusal: Callable[[int], str]) -> Callable[[], None]:
+    """One of the current user's `config_key` slots of the counter `extension` (a release function), or 429 with
+    `refusal(limit)` when none is free."""
+    limit = current_app.config[config_key]
+    release = current_app.extensions[extension].acquire(current_user().id, limit)
+    if release is None:
+        abort_fields(429, refusal(limit))
+    return release
+
+
 def event_stream_slot() -> Callable[[], None]:
     """Take one of the current user's MAX_EVENT_STREAMS_PER_USER stream slots (429 when none is free).
 
     Call the returned function when the stream ends or its client goes away; calling it again does nothing. The
     server learns that a client went away only when a write fails: on an idle stream, at a heartbeat.
     """
-    limit = current_app.config["MAX_EVENT_STREAMS_PER_USER"]
-    user_id = current_user().id
-    release = current_app.extensions[EXTENSION].acquire(user_id, limit)
-    if release is None:
-        abort_fields(
-            429,
-            f"You have {limit} event streams open and the limit is {limit} per user: close one first",
-        )
-    return release
+    return _take_slot(
+        EXTENSION,
+        "MAX_EVENT_STREAMS_PER_USER",
+        lambda limit: f"You have {limit} event streams open and the limit is {limit} per user: close one first",
+    )
 
 
 def try_slot() -> Callable[[], None]:
     """Take one of the current user's MAX_TRIES_PER_USER slots for a reward try (POST /rewards/try, a dry run; 429
     when none is free); call the returned function when the try has ended."""
-    limit = current_app.config["MAX_TRIES_PER_USER"]
-    release = current_app.extensions[TRY_EXTENSION].acquire(current_user().id, limit)
-    if release is None:
-        abort_fields(
-            429,
-            f"You have {limit} reward {'try' if limit == 1 else 'tries'} running and the limit is {limit} per user: "
-            "wait for it to finish",
-        )
-    return release
+    return _take_slot(
+        TRY_EXTENSION,
+        "MAX_TRIES_PER_USER",
+        lambda limit: (
+            f"You have {limit} reward {'try' if limit == 1 else 'tries'} running and the limit is {limit} "
+            "per user: wait for it to finish"
+        ),
+    )
 
 
 def download_slot() -> Callable[[], None]:
     """Take one of the current user's MAX_DOWNLOADS_PER_USER slots for a checkpoint or policy download (429 when
     none is free): a download builds a zip of the whole folder, so a user may not start many at once. Call the
     returned function once the file is sent (or the client went away)."""
-    limit = current_app.config["MAX_DOWNLOADS_PER_USER"]
-    slots = current_app.extensions.setdefault(DOWNLOAD_EXTENSION, StreamSlots())
-    release = slots.acquire(current_user().id, limit)
-    if release is None:
-        abort_fields(
-            429, f"You have {limit} downloads running and the limit is {limit} per user: wait for one to finish"
-        )
-    return release
+    return _take_slot(
+        DOWNLOAD_EXTENSION,
+        "MAX_DOWNLOADS_PER_USER",
+        lambda limit: f"You have {limit} downloads running and the limit is {limit} per user: wait for one to finish",
+    )
