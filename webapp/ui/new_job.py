@@ -62,6 +62,7 @@ NO_ERRORS = [""] * len(FORM_FIELDS)
 
 
 def empty_frame(columns: list[str]):
+    """An empty table with `columns`: what a try's table shows once its result no longer applies."""
     import pandas as pd
 
     return pd.DataFrame([], columns=columns)
@@ -322,7 +323,8 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
         return delete_dataset(session, token, dataset_id, dict(zip(PICKERS, picked, strict=True)))
 
     def apply_preset(name: str, choices: dict, *picked):
-        """The preset's values; a drop-down it names nothing in keeps its pick (the defaults name no entries)."""
+        """The preset's values; a drop-down it names nothing in keeps its pick (aligner's defaults name no
+        entries)."""
         chosen = preset_map.get(name, preset_map[DEFAULT_PRESET])
         current = dict(zip(PICKERS, picked, strict=True))
         values = []
