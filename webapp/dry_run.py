@@ -4,17 +4,23 @@ The cheap checks of every submit (webapp/preflight.py: policy, tokenizer, datase
 DRY_RUN_PROMPTS x DRY_RUN_SAMPLES samples in the bounded subprocess of a reward try (webapp/rewards_try.py
 `run_try`), then `step_time`: an estimate of a step's seconds scaled from that try. The try and the estimate are
 skipped when the policy or tokenizer check failed. A failed check is `"ok": false` in a 200 (PreflightOut); the
-endpoint stays in webapp/jobs.py. See docs/service.md, "Preflight".
+endpoint stays in webapp/jobs.py. Beside the checks, `warnings`: settings that pass but are likely to train nothing
+(webapp/advice.py, the rules the dashboard's form shows too); they leave `ok` alone. See docs/service.md,
+"Preflight".
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from flask import Response, current_app
+from sqlalchemy import select
 
 from aligner.config import TrainConfig
+from webapp.advice import training_warnings
+from webapp.db import CatalogueModel
 from webapp.extensions import db
 from webapp.limits import try_slot
 from webapp.rewards_try import TryFailed, redacted, run_try
@@ -44,6 +50,7 @@ def dry_run(train: TrainConfig, stored: dict[str, Any], checks: list[dict[str, A
     its cheap `checks` (webapp.preflight.cheap_checks): the reward tried on a few samples and the step time estimated
     from it, both skipped when the policy or tokenizer failed."""
     checks = [{key: value for key, value in check.items() if key != "field"} for check in checks]
+    warnings = job_warnings(train, stored)
     estimate = None
     if all(check["ok"] for check in checks if check["name"] in ("policy", "tokenizer")):
         release = try_slot()
@@ -74,8 +81,18 @@ def dry_run(train: TrainConfig, stored: dict[str, Any], checks: list[dict[str, A
     else:
         checks.append(_check("reward", False, "not tried: the policy or tokenizer check failed", time.perf_counter()))
     stored = {key: value for key, value in stored.items() if key != "run_dir"}  # a job's run_dir comes with its id
-    body = {"ok": all(c["ok"] for c in checks), "checks": checks, "estimated_step_s": estimate, "config": stored}
+    body = {"ok": all(c["ok"] for c in checks), "checks": checks, "warnings": warnings, "estimated_step_s": estimate,
+            "config": stored}  # fmt: skip
     return current_app.json.response(PreflightOut().dump(body))  # a Response: not dumped again as a JobOut
+
+
+def job_warnings(train: TrainConfig, stored: dict[str, Any]) -> list[dict[str, str]]:
+    """webapp.advice's warnings for the resolved config: the policy's parameter count from its catalogue entry, the
+    datasets compared as the files they resolved to (a name and an id of one dataset are the same prompts)."""
+    policy = (stored.get("model") or {}).get("policy")
+    parameters = db.session.scalar(select(CatalogueModel.num_parameters).where(CatalogueModel.name == policy))
+    same = Path(train.data.train_file).resolve() == Path(train.data.val_file).resolve()
+    return training_warnings(stored, parameters, same_prompts=same)
 
 
 def _check(name: str, ok: bool, message: str, start: float, seconds: float | None = None) -> dict[str, Any]:

@@ -203,9 +203,23 @@ class PreflightCheck(Schema):
     seconds = Float(required=True, metadata={"description": "How long the check took."})
 
 
+class PreflightWarning(Schema):
+    field = String(required=True, metadata={"description": "The dotted path of the setting, e.g. config.optim.lr."})
+    message = String(required=True, metadata={"description": "Why it is likely to train nothing."})
+
+
 class PreflightOut(Schema):
     ok = Boolean(required=True, metadata={"description": "Every check passed."})
     checks = List(Nested(PreflightCheck), required=True)
+    warnings = List(
+        Nested(PreflightWarning),
+        required=True,
+        metadata={
+            "description": "Settings that pass the checks but are likely to train nothing (webapp/advice.py): "
+            "validation prompts equal to the training ones, a learning rate far under the policy size's, a run "
+            "too short. They never make `ok` false."
+        },
+    )
     estimated_step_s = Float(
         required=True,
         allow_none=True,

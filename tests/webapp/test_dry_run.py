@@ -29,10 +29,12 @@ def test_a_dry_run_checks_everything_creates_nothing_and_estimates_the_step(clie
                            headers=bearer(token))  # fmt: skip
     assert response.status_code == 200, response.json
     body = response.json
-    assert set(body) == {"ok", "checks", "estimated_step_s", "config"} and body["ok"] is True
+    assert set(body) == {"ok", "checks", "warnings", "estimated_step_s", "config"} and body["ok"] is True
     assert [c["name"] for c in body["checks"]] == ["policy", "tokenizer", "datasets", "reward", "step_time"]
     assert all(set(c) == {"name", "ok", "message", "seconds"} and c["ok"] for c in body["checks"])
     assert tried == [(2, 2, 16)]
+    # trainer.max_steps 5 ends within aligner's 10 warm-up steps: a warning, the job still ready.
+    assert [w["field"] for w in body["warnings"]] == ["config.trainer.max_steps"]
     # 16 samples / 4 tried, 16 tokens / 8 generated: generation 0.4 x 4 x 2 = 3.2 s, training twice that, scoring 0.16.
     assert body["estimated_step_s"] == pytest.approx(3.2 * 3 + 0.16)
     assert "estimate" in body["checks"][-1]["message"] and "correlates with length" in body["checks"][3]["message"]
@@ -68,3 +70,29 @@ def test_a_dry_run_reports_failed_checks_and_keeps_422_for_bad_fields(client, to
     response = client.post(JOBS, query_string=dry, json={"name": "x", "config": config}, headers=bearer(token))
     assert response.status_code == 422 and "config.optim.lr" in response.json["errors"]
     assert client.get(JOBS, headers=bearer(token)).json["total"] == 0
+
+
+def test_a_dry_run_warns_of_settings_likely_to_train_nothing(client, token, config, db_session, monkeypatch):
+    """Validation on the training prompts (named once by name, once by id), and a learning rate far under the
+    policy's size (its catalogue entry's parameter count), come back as warnings beside the checks."""
+    from sqlalchemy import select
+
+    from webapp.db import CatalogueModel, Dataset
+
+    def fake_try(train, num_prompts, num_samples, timeout_s):
+        raise rewards_try.TryFailed(422, "not tried here", {"reward": ["skipped"]})
+
+    monkeypatch.setattr(dry_run, "run_try", fake_try)
+    with db_session() as session:
+        session.scalar(select(CatalogueModel).where(CatalogueModel.name == "tiny-sft")).num_parameters = 1_000_000
+        train_id = session.scalar(select(Dataset.id).where(Dataset.name == "train.jsonl"))
+    config["data"] = {"train_dataset": "train.jsonl", "val_dataset": train_id}
+    config["trainer"] = {"max_steps": 40}
+    body = client.post(JOBS, query_string={"dry_run": "true"}, json={"name": "x", "config": config},
+                       headers=bearer(token)).json  # fmt: skip
+    assert [w["field"] for w in body["warnings"]] == ["config.data.val_dataset", "config.optim.lr"]
+    assert "1e-06 is 300x under" in body["warnings"][1]["message"]
+    config["data"]["val_dataset"], config["optim"] = "val.jsonl", {"lr": 3e-4}
+    body = client.post(JOBS, query_string={"dry_run": "true"}, json={"name": "x", "config": config},
+                       headers=bearer(token)).json  # fmt: skip
+    assert body["warnings"] == []

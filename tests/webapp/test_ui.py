@@ -606,9 +606,13 @@ def test_a_preset_fills_the_form_naming_datasets_by_their_ids(tmp_path):
     assert shown["train_dataset"] == 7  # the id of the dataset of that name
     assert shown["val_dataset"] == "demo-prompts-val.jsonl"  # not listed: the name, for the API to look up
     assert "warmup_steps: 5" in advanced
+    *values, _advanced = apply("defaults", lists, *picked.values())  # on a demo stack: the demo's run
+    assert values == apply("demo tiny model", lists, *picked.values())[:-1]
+    app = ui.build_app("http://127.0.0.1:5000", tmp_path / "no demo")
+    apply = next(fn.fn for fn in app.fns.values() if fn.name == "apply_preset")
     *values, advanced = apply("defaults", lists, *{**picked, "policy": "mine", "train_dataset": 2}.values())
     shown = dict(zip(laid_out, values, strict=True))
-    assert (shown["policy"], shown["train_dataset"]) == ("mine", 2)  # the defaults keep the picks
+    assert (shown["policy"], shown["train_dataset"]) == ("mine", 2)  # aligner's defaults keep the picks
     assert advanced == form.advanced_yaml("reinforce")
 
 

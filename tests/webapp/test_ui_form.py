@@ -7,7 +7,8 @@ from __future__ import annotations
 import yaml
 
 from aligner.config import TrainConfig
-from webapp import ui
+from aligner.demo.templates import CONFIG_TEMPLATE, ppo_config_text
+from webapp import advice, ui
 from webapp.ui import form, new_job
 from webapp.ui.api import ApiError
 from webapp.ui.tabs import Session
@@ -218,3 +219,96 @@ def test_an_alias_bomb_in_the_advanced_yaml_is_refused_with_a_message():
     assert body is None
     assert message.startswith("**Not submitted**: advanced YAML:") and "aliases (*a) are not accepted" in message
     assert form.advanced_for("ppo", bomb) == bomb  # left as typed; the submit says what is wrong
+
+
+# ----------------------------------------------------------------------------------------- issue 30: presets, warnings
+DEMO_PARAMETERS = 1_100_000  # about the demo policy's size (aligner/demo/assets.py: ~1M parameters)
+
+
+def demo_presets(tmp_path):
+    demo = tmp_path / "demo_assets"
+    demo.mkdir()
+    (demo / "reinforce.yaml").write_text(CONFIG_TEMPLATE)
+    (demo / "ppo.yaml").write_text(ppo_config_text())
+    return form.presets(tmp_path)
+
+
+def test_every_preset_names_its_algorithm_and_the_demo_defaults_train_on_the_train_prompts(tmp_path):
+    assert all(preset["form"]["algorithm"] in form.CHOICES["algorithm"] for preset in form.presets(None).values())
+    found = demo_presets(tmp_path)
+    assert {name: preset["form"]["algorithm"] for name, preset in found.items()} == {
+        "defaults": "reinforce", "demo tiny model": "reinforce", "demo tiny model, reward server": "reinforce",
+        "demo tiny model, PPO": "ppo",
+    }  # fmt: skip
+    demo = yaml.safe_load(CONFIG_TEMPLATE)
+    defaults = found[form.DEFAULT_PRESET]
+    body = form.build_job(defaults["form"], defaults["yaml"])["config"]
+    assert body["data"] == {"train_dataset": "demo-prompts-train.jsonl", "val_dataset": "demo-prompts-val.jsonl",
+                            "max_prompt_length": demo["data"]["max_prompt_length"]}  # fmt: skip
+    assert body["model"]["policy"] == "demo-policy" and body["reward"] == {"function": "demo"}
+    assert body["optim"]["lr"] == demo["optim"]["lr"] and body["trainer"]["max_steps"] == demo["trainer"]["max_steps"]
+    assert advice.training_warnings(body, DEMO_PARAMETERS) == []
+    # Without the demo: aligner's defaults, which name no entries.
+    assert form.presets(None)[form.DEFAULT_PRESET]["form"] == form.DEFAULTS
+
+
+def test_the_rules_say_why_a_job_would_train_nothing():
+    config = {"data": {"train_dataset": 7, "val_dataset": 7}, "optim": {"lr": 1e-6}, "trainer": {"max_steps": 40}}
+    warned = advice.training_warnings(config, DEMO_PARAMETERS)
+    assert [w["field"] for w in warned] == ["config.data.val_dataset", "config.optim.lr"]
+    assert "validation prompts are the training prompts" in warned[0]["message"]
+    assert "300x under the ~0.0003 a policy of 1.1M parameters" in warned[1]["message"]
+    # The same rate suits a model of billions; another dataset for validation; the API compares resolved files.
+    assert advice.training_warnings({**config, "data": {"train_dataset": 7, "val_dataset": 8}}, 2 * 10**9) == []
+    assert advice.training_warnings(config, None, same_prompts=False) == []
+    short = advice.training_warnings({"trainer": {"max_steps": 5}})  # aligner's warm-up: 10 steps
+    assert [w["field"] for w in short] == ["config.trainer.max_steps"] and "warm-up" in short[0]["message"]
+    tiny = advice.training_warnings({"trainer": {"max_steps": 3}, "optim": {"warmup_steps": 0}})
+    assert "too few" in tiny[0]["message"]
+    assert advice.training_warnings({"optim": {"lr": "fast"}, "trainer": {"max_steps": None}}, 10) == []
+
+
+def test_the_form_and_its_dry_run_show_the_warnings():
+    values = {**VALUES, "policy": "demo-policy", "lr": 1e-6, "max_steps": 40}  # train and validation: dataset 1
+    lists = {"parameters": {"demo-policy": DEMO_PARAMETERS}}
+    shown = form.form_warnings(values, "", lists)
+    assert shown.startswith("**This job is likely to train nothing:**")
+    assert "- ⚠ **Validation prompts**: the validation prompts are the training prompts" in shown
+    assert "- ⚠ **Learning rate**: learning rate 1e-06 is 300x under" in shown
+    assert "Learning rate" not in form.form_warnings(values, "", {})  # the policy's size unknown: no lr rule
+    assert form.form_warnings({**values, "val_dataset": 2, "lr": 3e-4}, "", lists) == ""
+    assert form.form_warnings(values, "[not, a, mapping]", lists) == ""  # the submit says why
+
+    warnings = [{"field": "config.optim.lr", "message": "too low"}, {"field": "config.x", "message": "odd"}]
+    result = {"ok": True, "checks": [], "warnings": warnings, "estimated_step_s": None}
+    shown = form.dry_run_markdown(result)
+    assert shown.startswith("**Dry run: ready to submit** (with 2 warnings)")
+    assert "- ⚠ **Learning rate**: too low" in shown and "- ⚠ **`config.x`**: odd" in shown
+
+
+def test_stale_results_go_when_the_form_changes_and_a_cleared_upload_takes_its_line(tmp_path):
+    """Without a browser: the event graph. A change of the preset, of any field or of the advanced YAML empties the
+    dry run's result and the try's panel; clearing the upload empties its line; the warnings follow the fields."""
+    app = ui.build_app("http://127.0.0.1:5000", tmp_path)
+    by_id = {block._id: block for block in app.blocks.values()}
+
+    def wiring(trigger_event: str, outputs: set[str]) -> set[str]:
+        """The elements whose `trigger_event` runs a handler writing exactly `outputs`."""
+        found = set()
+        for fn in app.fns.values():
+            if {getattr(out, "elem_id", None) for out in fn.outputs} == outputs:
+                found |= {getattr(by_id.get(t), "elem_id", None) for t, event in fn.targets if event == trigger_event}
+        return found
+
+    stale = {"dry-msg", "try-msg", "try-groups", "try-table"}
+    fields = {f"f-{key}" for key in form.FORM_FIELDS}
+    assert {"preset", "advanced", *fields} <= wiring("change", stale)
+    clear = next(fn for fn in app.fns.values() if {getattr(out, "elem_id", None) for out in fn.outputs} == stale)
+    message, result, groups, samples = clear.fn()
+    assert message == result == "" and groups.empty and samples.empty
+    assert list(groups.columns) == form.TRY_GROUP_COLUMNS and list(samples.columns) == form.TRY_SAMPLE_COLUMNS
+    assert wiring("clear", {"upload-msg"}) == {"f-upload"}
+    upload = next(block._id for block in app.blocks.values() if getattr(block, "elem_id", None) == "f-upload")
+    cleared = next(fn for fn in app.fns.values() if (upload, "clear") in fn.targets)
+    assert cleared.fn() == ""
+    assert {"advanced", *fields} <= wiring("change", {"form-warnings"})

@@ -86,8 +86,9 @@ def server_label(server: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------- the form
 def form_choices(api: Api) -> dict[str, Any]:
-    """Each drop-down's [(label, value)] (value: an entry's name, a dataset's id), and "functions": each reward
-    function's {builtin, description, params} (for the help under the arguments box)."""
+    """Each drop-down's [(label, value)] (value: an entry's name, a dataset's id), "functions": each reward
+    function's {builtin, description, params} (for the help under the arguments box), and "parameters": each
+    model's parameter count by name (for the form's warnings, webapp/advice.py)."""
     models = api.get("/catalogue/models")["items"]
     functions = api.get("/catalogue/reward-functions")["items"]
     servers = api.get("/catalogue/servers")["items"]
@@ -101,6 +102,7 @@ def form_choices(api: Api) -> dict[str, Any]:
     for key in DATASET_PICKS:
         choices[key] = [(dataset_label(d), d["id"]) for d in datasets]
     choices["reward_function"] = [(function_label(f), f["name"]) for f in functions]
+    choices["parameters"] = {m["name"]: m.get("num_parameters") for m in models}  # for the form's warnings
     choices["functions"] = {
         f["name"]: {"builtin": f.get("builtin", False), "description": f.get("description", ""),
                     "params": f.get("params") or {}}

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from aligner.config import TrainConfig, load_yaml
+from webapp.advice import training_warnings
 from webapp.stack import DEMO_POLICY, DEMO_REWARD_MODEL, DEMO_REWARD_SERVER
 
 # Form field -> (dotted path in the job body, label, kind). Kinds: text, int, float, choice (one of CHOICES),
@@ -306,22 +307,31 @@ def _preset(config: dict, name: str) -> dict[str, Any]:
         if leaf and isinstance(rest.get(section), dict) and kind != "source":
             rest[section].pop(leaf, None)
     rest = {key: value for key, value in rest.items() if value != {} and key != "algorithm"}
-    rest = sections_that_apply(rest, form.get("algorithm", "reinforce"))
+    form["algorithm"] = form.get("algorithm") or DEFAULTS["algorithm"]  # a config without one runs aligner's default
+    rest = sections_that_apply(rest, form["algorithm"])
     return {"form": form, "yaml": yaml.safe_dump(rest, sort_keys=False) if rest else ""}
 
 
+# The preset the form starts from; on a demo stack it is the demo's REINFORCE run (DEMO_DEFAULTS).
+DEFAULT_PRESET = "defaults"
+DEMO_DEFAULTS = "demo tiny model"
+
+
 def presets(data_dir: Path | None) -> dict[str, dict[str, Any]]:
-    """Name -> {"form": values, "yaml": advanced YAML}. With the demo's configs in DATA_DIR/demo_assets, the demo's
-    runs naming the entries `aligner up --demo` puts in the catalogue: REINFORCE scored by the demo reward function,
-    or by the demo reward model behind the stack's reward server, and PPO."""
+    """Name -> {"form": values, "yaml": advanced YAML}; every preset names its algorithm. With the demo's configs in
+    DATA_DIR/demo_assets, the demo's runs naming the entries `aligner up --demo` puts in the catalogue: REINFORCE
+    scored by the demo reward function, or by the demo reward model behind the stack's reward server, and PPO; the
+    defaults are then that REINFORCE run (its train and validation prompt files, its learning rate for the tiny
+    policy), since aligner's own defaults (no datasets named, lr 1e-6 for models of billions) train that policy
+    nothing. Without them, the defaults are aligner's (DEFAULTS)."""
     found: dict[str, dict[str, Any]] = {
-        "defaults": {"form": dict(DEFAULTS), "yaml": advanced_yaml(DEFAULTS.get("algorithm", "reinforce"))}
+        DEFAULT_PRESET: {"form": dict(DEFAULTS), "yaml": advanced_yaml(DEFAULTS["algorithm"])}
     }
     demo = data_dir / "demo_assets" if data_dir else None
     if demo is None:
         return found
     for preset_name, file_name, reward in [
-        ("demo tiny model", "reinforce.yaml", None),
+        (DEMO_DEFAULTS, "reinforce.yaml", None),
         ("demo tiny model, reward server", "reinforce.yaml", {"server": DEMO_REWARD_SERVER}),
         ("demo tiny model, PPO", "ppo.yaml", None),
     ]:
@@ -331,6 +341,8 @@ def presets(data_dir: Path | None) -> dict[str, dict[str, Any]]:
             continue
         if isinstance(config, dict):
             found[preset_name] = _preset(demo_job_config(config, reward), f"demo: {preset_name.removeprefix('demo ')}")
+    if DEMO_DEFAULTS in found:
+        found[DEFAULT_PRESET] = copy.deepcopy(found[DEMO_DEFAULTS])
     return found
 
 
@@ -492,15 +504,46 @@ def try_summary(result: dict) -> str:
     return "\n".join([line, "", *warnings]).strip()
 
 
+def warnings_markdown(warnings: list[dict[str, str]]) -> str:
+    """Warnings (webapp/advice.py) one line each, with the field's label: `- ⚠ **Learning rate**: why`."""
+    labels = {path: label for path, label, _kind in FORM_FIELDS.values()}
+    lines = []
+    for warning in warnings:
+        path = str(warning.get("field", ""))
+        where = labels.get(path) or f"`{path}`"
+        lines.append(f"- ⚠ **{where}**: {warning.get('message', '')}")
+    return "\n".join(lines)
+
+
+def form_warnings(values: dict[str, Any], advanced_yaml_text: str, lists: dict[str, Any] | None) -> str:
+    """What the form shows while it is filled in: why its job is likely to train nothing (webapp/advice.py, as the
+    dry run says), the policy's size from the catalogue lists; "" when nothing is, or when the form does not build
+    yet (the submit says why)."""
+    try:
+        config = build_job(values, advanced_yaml_text)["config"]
+    except (ValueError, yaml.YAMLError):
+        return ""
+    parameters = ((lists or {}).get("parameters") or {}).get(values.get("policy"))
+    warnings = training_warnings(config, parameters)
+    if not warnings:
+        return ""
+    return "**This job is likely to train nothing:**\n\n" + warnings_markdown(warnings)
+
+
 def dry_run_markdown(result: dict) -> str:
-    """A dry run's checks, one line each (`✓ policy: message (0.01 s)`), and the estimated step time."""
+    """A dry run's checks, one line each (`✓ policy: message (0.01 s)`), its warnings, and the estimated step
+    time."""
     verdict = "ready to submit" if result.get("ok") else "not ready"
-    lines = [f"**Dry run: {verdict}**", ""]
+    warnings = result.get("warnings") or []
+    noted = f" (with {len(warnings)} warning{'s' if len(warnings) > 1 else ''})" if warnings else ""
+    lines = [f"**Dry run: {verdict}**{noted}", ""]
     for check in result.get("checks") or []:
         mark = "✓" if check.get("ok") else "✗"
         seconds = check.get("seconds")
         took = f" ({float(seconds):.2f} s)" if isinstance(seconds, int | float) else ""
         lines.append(f"- {mark} **{check.get('name')}**: {check.get('message', '')}{took}")
+    if warnings:
+        lines += ["", "Likely to train nothing:", "", warnings_markdown(warnings)]
     step_s = result.get("estimated_step_s")
     if isinstance(step_s, int | float):
         lines += ["", f"Estimated step time: **{float(step_s):.1f} s** (an estimate from a short try)"]

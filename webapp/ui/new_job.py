@@ -1,7 +1,9 @@
 """The New job tab: the form (a preset fills it), a prompt file uploaded from it (and the picked training dataset
 deleted, after a confirmation), "Try the reward" on a few prompts, the dry run and Submit. An API refusal shows under
 the one field it names (webapp/ui/form.py error_field) and in the message; a field's error goes when the field
-changes, and all of them on the next try, dry run or submit.
+changes, and all of them on the next try, dry run or submit. The form's warnings (settings likely to train nothing,
+webapp/advice.py) follow its fields; a dry run's result and a try's tables go when the preset, a field or the
+advanced YAML changes (they were about the form as it was), and the upload's line when the upload is cleared.
 
 No `from __future__ import annotations` here: Gradio reads handlers' hints (gr.Progress) as classes.
 """
@@ -16,6 +18,7 @@ from webapp.ui import catalogue
 from webapp.ui.api import REJECTED, ApiError
 from webapp.ui.form import (
     CHOICES,
+    DEFAULT_PRESET,
     FORM_FIELDS,
     SOURCE_CHOICES,
     TRY_GROUP_COLUMNS,
@@ -26,6 +29,7 @@ from webapp.ui.form import (
     advanced_for,
     build_job,
     dry_run_markdown,
+    form_warnings,
     per_field_errors,
     refusal_markdown,
     try_body,
@@ -57,6 +61,13 @@ TRY_WAIT_S = 150
 NO_ERRORS = [""] * len(FORM_FIELDS)
 
 
+def empty_frame(columns: list[str]):
+    """An empty table with `columns`: what a try's table shows once its result no longer applies."""
+    import pandas as pd
+
+    return pd.DataFrame([], columns=columns)
+
+
 def _form_input(key: str, value: Any):
     _path, label, kind = FORM_FIELDS[key]
     elem_id = f"f-{key}"
@@ -65,8 +76,9 @@ def _form_input(key: str, value: Any):
     if kind == "source":
         return gr.Radio(SOURCE_CHOICES[key], label=label, value=value, elem_id=elem_id)
     if kind in ("catalogue", "dataset"):
-        # Filled from the API at sign-in; a name typed in is sent as it is (the API says whether it exists).
-        return gr.Dropdown([], label=label, value=None, allow_custom_value=True, elem_id=elem_id)
+        # Filled from the API at sign-in, where a preset's name becomes its entry (form_lists); a name typed in is
+        # sent as it is (the API says whether it exists).
+        return gr.Dropdown([], label=label, value=value, allow_custom_value=True, elem_id=elem_id)
     if kind == "json":
         return gr.Textbox(label=label, value=value or "", placeholder='{"tolerance": 0.01}', elem_id=elem_id)
     if kind == "text":
@@ -234,7 +246,7 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
     apply), "Try the reward", the dry run and Submit; the new job becomes the selected one."""
     with gr.Tab("New job", id="new") as tab:
         with gr.Row():
-            preset = gr.Dropdown(list(preset_map), value="defaults", label="Preset", elem_id="preset", scale=4)
+            preset = gr.Dropdown(list(preset_map), value=DEFAULT_PRESET, label="Preset", elem_id="preset", scale=4)
             refresh = gr.Button("Refresh lists", elem_id="refresh-lists", scale=1)
         lists_msg = gr.Markdown("Sign in to fill the lists from the catalogue.", elem_id="lists-msg")
         lists = gr.State({})
@@ -242,7 +254,7 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
         inputs: dict[str, Any] = {}
         errs: dict[str, Any] = {}
         columns: dict[str, Any] = {}
-        defaults = preset_map["defaults"]["form"]
+        defaults = preset_map[DEFAULT_PRESET]["form"]
         shown = visible_fields(defaults)
         for row in FORM_ROWS:
             with gr.Row():
@@ -277,9 +289,11 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
         advanced = gr.Code(
             label="Advanced config (YAML, merged under the fields above; sent as shown)",
             language="yaml",
-            value=preset_map["defaults"]["yaml"],
+            value=preset_map[DEFAULT_PRESET]["yaml"],
             elem_id="advanced",
         )
+        warnings_msg = gr.Markdown(form_warnings(defaults, preset_map[DEFAULT_PRESET]["yaml"], {}),
+                                   elem_id="form-warnings")  # fmt: skip
         with gr.Row():
             dry_btn = gr.Button("Check (dry run)", elem_id="dry-run")
             submit = gr.Button("Submit job", variant="primary", elem_id="submit")
@@ -309,8 +323,9 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
         return delete_dataset(session, token, dataset_id, dict(zip(PICKERS, picked, strict=True)))
 
     def apply_preset(name: str, choices: dict, *picked):
-        """The preset's values; a drop-down it names nothing in keeps its pick (the defaults name no entries)."""
-        chosen = preset_map.get(name, preset_map["defaults"])
+        """The preset's values; a drop-down it names nothing in keeps its pick (aligner's defaults name no
+        entries)."""
+        chosen = preset_map.get(name, preset_map[DEFAULT_PRESET])
         current = dict(zip(PICKERS, picked, strict=True))
         values = []
         for key in inputs:
@@ -325,6 +340,13 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
         shown = visible_fields(dict(zip(inputs, values, strict=True)))
         return [gr.update(visible=shown[key]) for key in TOGGLED]
 
+    def show_warnings(choices: dict, advanced_yaml: str, *values):
+        return form_warnings(dict(zip(inputs, values, strict=True)), advanced_yaml, choices)
+
+    def stale():
+        """The dry run's result and the try's tables, emptied: they were about the form as it was."""
+        return ["", "", empty_frame(TRY_GROUP_COLUMNS), empty_frame(TRY_SAMPLE_COLUMNS)]
+
     def describe_function(choices: dict, name: str | None):
         return catalogue.function_help(choices.get("functions", {}), name)
 
@@ -334,6 +356,7 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
     for trigger in (refresh.click, session.token.change):
         trigger(refresh_lists, [session.token, *pickers], list_outputs)
     upload.upload(do_upload, [session.token, upload, *pickers], [upload_msg, *list_outputs])
+    upload.clear(lambda: "", None, upload_msg, show_progress="hidden")  # its "Uploaded ..." line went with it
     delete_ds.click(ask_to_delete_dataset, [lists, inputs["train_dataset"]],
                     [delete_ds_row, delete_ds_msg, upload_msg, asked])  # fmt: skip
     confirm_ds.click(do_delete_dataset, [session.token, asked, *pickers], [upload_msg, delete_ds_row, *list_outputs])
@@ -345,6 +368,10 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
     inputs["reward_function"].change(describe_function, [lists, inputs["reward_function"]], [function_help])
     for key, box in inputs.items():  # a fixed field's error goes at once
         box.change(lambda: "", None, errs[key], show_progress="hidden")
+    changes = [preset.change, advanced.change, *(box.change for box in inputs.values())]
+    gr.on(changes, stale, None, [dry_msg, try_msg, try_groups, try_table], show_progress="hidden")
+    gr.on([lists.change, *changes[1:]], show_warnings, [lists, advanced, *inputs.values()], warnings_msg,
+          show_progress="hidden")  # fmt: skip
     field_errs = [errs[key] for key in FORM_FIELDS]
     form_inputs = [session.token, advanced, *inputs.values()]
     submit.click(do_submit, form_inputs, [submit_msg, session.job_id, *field_errs, *session.auth_outputs])
