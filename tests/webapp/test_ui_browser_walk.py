@@ -71,7 +71,7 @@ def test_an_admin_sees_and_acts_on_another_users_job_with_all_users(
         page.click("#cancel")
         wait_text(page, "confirm-msg", f"Cancel {owner}'s job {jid} (bob's long)?", 30)
         page.click("#confirm-cancel")
-        wait_text(page, "action-msg", f"{owner}'s job {jid} cancelled.", 120)  # cancelling first, if it ran
+        wait_text(page, "action-msg", f"{owner}'s job {jid}: cancelled.", 120)  # cancelling first, if it ran
         assert "cancelling" not in text(page, "action-msg")
         assert bob_api.get(f"/jobs/{jid}")["status"] == "cancelled"
 

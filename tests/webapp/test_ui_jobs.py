@@ -135,6 +135,6 @@ def test_the_message_after_a_cancel_follows_the_jobs_status(handlers, client, to
     put_in_state(db_session, jid, "cancelled", 2, True)
     table = handlers["refresh_jobs"](token, jid)[0]
     shown, last = follow(table, last, message)
-    assert shown == f"Job {jid} **cancelled**." and "cancelling" not in shown and last[3] == shown
+    assert shown == f"Job {jid}: **cancelled**." and "cancelling" not in shown and last[3] == shown
     assert follow(table, last, shown) == (gr.skip(), gr.skip())
     assert follow(table, last, "Kept running.") == (gr.skip(), gr.skip())  # another message since: left alone

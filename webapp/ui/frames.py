@@ -121,7 +121,7 @@ def action_message(kind: str, jid: int, status: str | None, owner: str | None = 
         if status == "cancelling":
             return f"{whose} {jid}: **cancelling**: its run stops at the next step, with a checkpoint."
         if status == "cancelled":
-            return f"{whose} {jid} **cancelled**."
+            return f"{whose} {jid}: **cancelled**."
     if kind == "retry" and status == "queued":
         return f"{whose} {jid}: retried from scratch (its metrics, samples and checkpoints deleted): **queued**."
     return f"{whose} {jid}: {kind} -> **{status}**."
