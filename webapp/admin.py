@@ -1,5 +1,6 @@
-"""Every user's jobs, for admins (`/api/v1/admin/jobs`): list, get, cancel, delete, and a job's events. A non-admin
-gets 403.
+"""Every user's jobs, for admins (`/api/v1/admin/jobs`): list, get, cancel, resume, retry, delete, and a job's
+events. A non-admin gets 403. Each action is the owner's (webapp/jobs.py) under the same state machine
+(webapp.db.refusal: 409 where it does not apply); a resume or retry counts against the owner's active jobs.
 
 Admins see deleted jobs too (`deleted_at` set: the tombstone webapp/jobs.py `delete_finished` leaves) and their
 events, the audit line that ends with the `deleted` event naming who deleted the job.
@@ -14,7 +15,7 @@ from webapp.auth import auth, current_user, require_admin
 from webapp.db import Event, Job, User, column_values
 from webapp.errors import abort_fields
 from webapp.extensions import db
-from webapp.jobs import cancel, delete_finished
+from webapp.jobs import cancel, delete_finished, resume, retry
 from webapp.schemas import INT32_MAX, AdminEventPage, AdminJobListQuery, AdminJobOut, AdminJobPage, PageQuery
 
 bp = APIBlueprint("admin", __name__, url_prefix="/api/v1/admin", tag="Admin")
@@ -81,6 +82,47 @@ def cancel_any_job(job_id: int):
     require_admin()
     job, owner = _job_or_404(job_id, lock=True)
     return _with_owner(cancel(job), owner)
+
+
+@bp.post("/jobs/<int:job_id>/resume")
+@bp.auth_required(auth)
+@bp.output(AdminJobOut)
+@bp.doc(
+    responses={
+        **ADMIN_ONLY,
+        404: "No such job",
+        409: "The job is not finished, did all its steps, has no checkpoint, was deleted, or another request changed "
+        "it first",
+    }
+)
+def resume_any_job(job_id: int):
+    """Resume any user's finished job from its newest checkpoint (admin)
+
+    As POST /api/v1/jobs/{id}/resume does for its owner.
+    """
+    require_admin()
+    job, owner = _job_or_404(job_id, lock=True)
+    return _with_owner(resume(job), owner)
+
+
+@bp.post("/jobs/<int:job_id>/retry")
+@bp.auth_required(auth)
+@bp.output(AdminJobOut)
+@bp.doc(
+    responses={
+        **ADMIN_ONLY,
+        404: "No such job",
+        409: "The job is not failed, cancelled or paused, was deleted, or another request changed it first",
+    }
+)
+def retry_any_job(job_id: int):
+    """Run any user's failed, cancelled or paused job again from scratch (admin)
+
+    As POST /api/v1/jobs/{id}/retry does for its owner: its metrics, samples, checkpoints and run folder are deleted.
+    """
+    require_admin()
+    job, owner = _job_or_404(job_id, lock=True)
+    return _with_owner(retry(job), owner)
 
 
 @bp.delete("/jobs/<int:job_id>")

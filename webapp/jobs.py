@@ -231,9 +231,14 @@ def resume_job(job_id: int):
     Metrics, samples and checkpoints are kept; the worker continues exactly where the checkpoint left off. A paused
     job's alarms stay firing: the alarm that paused it pauses it again only after it has cleared and fires anew.
     """
-    job = get_job_or_404(job_id, lock=True)
+    return resume(get_job_or_404(job_id, lock=True))
+
+
+def resume(job: Job) -> Job:
+    """Resume `job` (locked by the caller), commit and queue it: POST /jobs/{id}/resume. The active jobs counted
+    against the limit are its owner's."""
     _refuse_unless(job, RESUME)
-    check_active_jobs()
+    check_active_jobs(job.user_id)
     # A new start: the worker's count of starts (ALIGNER_MAX_ATTEMPTS) and the old lease begin afresh.
     transition(db.session, job, QUEUED, attempts=0, worker=None, heartbeat_at=None)
     db.session.commit()
@@ -250,9 +255,14 @@ def retry_job(job_id: int):
 
     Deletes its metrics, samples, checkpoints and run folder (events are kept), clears its alarms, then queues it.
     """
-    job = get_job_or_404(job_id, lock=True)
+    return retry(get_job_or_404(job_id, lock=True))
+
+
+def retry(job: Job) -> Job:
+    """Queue `job` (locked by the caller) again from scratch, its results deleted, and commit: POST
+    /jobs/{id}/retry. The active jobs counted against the limit are its owner's."""
     _refuse_unless(job, RETRY)
-    check_active_jobs()
+    check_active_jobs(job.user_id)
     fresh = {
         "step": 0,
         "attempts": 0,

@@ -141,10 +141,12 @@ def _lock_user(user_id: int) -> None:
     db.session.execute(select(User.id).where(User.id == user_id).with_for_update(key_share=True))
 
 
-def check_active_jobs() -> None:
-    """429 when the current user already has MAX_ACTIVE_JOBS_PER_USER jobs queued, running or cancelling."""
+def check_active_jobs(user_id: int | None = None) -> None:
+    """429 when user `user_id` (default: the current one; an admin resuming or retrying a job counts its owner's)
+    already has MAX_ACTIVE_JOBS_PER_USER jobs queued, running or cancelling."""
     limit = current_app.config["MAX_ACTIVE_JOBS_PER_USER"]
-    user_id = current_user().id
+    own = user_id is None or user_id == current_user().id
+    user_id = current_user().id if user_id is None else user_id
     _lock_user(user_id)
     active = db.session.scalar(
         select(func.count()).select_from(Job).where(Job.user_id == user_id, Job.status.in_(ACTIVE_STATUSES))
@@ -152,8 +154,8 @@ def check_active_jobs() -> None:
     if active >= limit:
         abort_fields(
             429,
-            f"You have {active} active jobs (queued, running or cancelling) and the limit is {limit} per user: "
-            "wait for one to finish, or cancel one",
+            f"{'You have' if own else 'The job owner has'} {active} active jobs (queued, running or cancelling) "
+            f"and the limit is {limit} per user: wait for one to finish, or cancel one",
         )
 
 

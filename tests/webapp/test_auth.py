@@ -90,6 +90,8 @@ def test_openapi_document_lists_paths_schemas_and_bearer_auth(client):
         "/api/v1/admin/jobs",
         "/api/v1/admin/jobs/{job_id}",
         "/api/v1/admin/jobs/{job_id}/cancel",
+        "/api/v1/admin/jobs/{job_id}/resume",
+        "/api/v1/admin/jobs/{job_id}/retry",
         "/api/v1/admin/jobs/{job_id}/events",
         "/api/v1/me",
         "/api/v1/rewards/try",

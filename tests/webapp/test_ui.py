@@ -33,7 +33,7 @@ def test_jobs_frame_has_one_row_per_job_with_progress_reward_and_age():
     page = {
         "items": [
             {"id": 2, "name": "b", "algorithm": "ppo", "status": "running", "step": 3, "max_steps": 10,
-             "latest_reward": 0.5, "created_at": "2026-11-22T18:55:00+00:00"},
+             "latest_reward": 0.5, "created_at": "2026-11-22T18:55:00+00:00", "started_at": "2026-11-22T18:56:30"},
             {"id": 1, "name": "a", "status": "queued", "step": 0, "max_steps": 4, "latest_reward": None,
              "created_at": "2026-11-20T18:00:00+00:00"},
         ],
@@ -41,12 +41,14 @@ def test_jobs_frame_has_one_row_per_job_with_progress_reward_and_age():
     }  # fmt: skip
     page["items"][0]["alarms"] = ["length_hacking", "kl_growth"]
     frame = frames.jobs_frame(page, NOW, selected=1)
-    columns = ["sel", "id", "name", "algorithm", "status", "health", "step", "latest reward", "age"]
+    columns = ["sel", "id", "name", "algorithm", "status", "health", "step", "latest reward", "started (UTC)",
+               "duration", "age"]  # fmt: skip
     assert list(frame.columns) == columns
     assert frame.values.tolist() == [
-        ["", 2, "b", "ppo", "running", "⚠ length hacking, KL growth", "3/10", "+0.5000", "5 min"],
-        ["▶", 1, "a", "reinforce", "queued", "", "0/4", "", "2 d"],  # a job without the field is REINFORCE
-    ]
+        ["", 2, "b", "ppo", "running", "⚠ length hacking, KL growth", "3/10", "+0.5000", "11-22 18:56", "3 min 30 s",
+         "5 min"],
+        ["▶", 1, "a", "reinforce", "queued", "", "0/4", "", "", "", "2 d"],  # a job without the field is REINFORCE
+    ]  # fmt: skip
     assert frames.jobs_frame({"items": []}).empty
     assert frames.age("2026-11-22T18:59:58", NOW) == "2 s"  # naive times are UTC
 

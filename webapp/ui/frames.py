@@ -9,7 +9,14 @@ import pandas as pd
 from aligner.metrics import TIMERS_PREFIX
 from webapp.ui.catalogue import human_bytes
 
-JOB_COLUMNS = ["sel", "id", "name", "algorithm", "status", "health", "step", "latest reward", "age"]
+STARTED = "started (UTC)"  # the column's header states the zone: the dashboard's browser may be in any
+JOB_COLUMNS = [
+    *("sel", "id", "name", "algorithm", "status", "health", "step", "latest reward"),
+    *(STARTED, "duration", "age"),
+]
+OWNER = "owner"  # the column the admin's All users view adds after `id`
+STARTED_FORMAT = "%m-%d %H:%M"  # short: the year is rarely in doubt, and `age` tells an old job
+RUNNING_STATUSES = ("running", "cancelling")  # a job whose run goes on: its duration is the time so far
 # The health alarms (GET /jobs `alarms`, `health` events) in words.
 ALARM_WORDS = {
     "validation_divergence": "validation divergence",
@@ -22,17 +29,46 @@ ALARM_WORDS = {
 SELECTED = "▶"  # the selected job's row (a table refresh clears Gradio's own highlight)
 
 
+UNITS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
+
+
+def utc(timestamp: str) -> dt.datetime:
+    """The API's `2026-11-22T19:00:00+00:00` as an aware datetime (a naive one is UTC)."""
+    then = dt.datetime.fromisoformat(timestamp)
+    return then if then.tzinfo is not None else then.replace(tzinfo=dt.UTC)
+
+
 def age(created_at: str | None, now: dt.datetime | None = None) -> str:
     """`2026-11-22T19:00:00+00:00` -> "12 s", "5 min", "3 h", "2 d"."""
     if not created_at:
         return ""
-    then = dt.datetime.fromisoformat(created_at)
-    if then.tzinfo is None:
-        then = then.replace(tzinfo=dt.UTC)
-    seconds = max(0, int(((now or dt.datetime.now(dt.UTC)) - then).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+    seconds = max(0, int(((now or dt.datetime.now(dt.UTC)) - utc(created_at)).total_seconds()))
+    for unit, size in UNITS:
         if seconds >= size:
             return f"{seconds // size} {unit}"
+    return "0 s"
+
+
+def started(job: dict) -> str:
+    """When the job first ran, as `11-22 19:00` in UTC; "" when it never has."""
+    return utc(job["started_at"]).astimezone(dt.UTC).strftime(STARTED_FORMAT) if job.get("started_at") else ""
+
+
+def duration(job: dict, now: dt.datetime | None = None) -> str:
+    """From its start to its end, or to `now` while it runs (running or cancelling), as "42 s", "5 min 03 s",
+    "2 h 05 min", "1 d 03 h"; "" when it never started, or when it waits in the queue again (a resumed job)."""
+    if not job.get("started_at"):
+        return ""
+    if job.get("status") in RUNNING_STATUSES:
+        end = now or dt.datetime.now(dt.UTC)
+    elif job.get("finished_at"):
+        end = utc(job["finished_at"])
+    else:
+        return ""
+    seconds = max(0, int((end - utc(job["started_at"])).total_seconds()))
+    for (unit, size), (small, small_size) in zip(UNITS, UNITS[1:], strict=False):
+        if seconds >= size:
+            return f"{seconds // size} {unit} {seconds % size // small_size:02d} {small}"
     return f"{seconds} s"
 
 
@@ -41,27 +77,54 @@ def alarm_words(name: str) -> str:
     return ALARM_WORDS.get(name, name.replace("_", " "))
 
 
-def jobs_frame(page: dict, now: dt.datetime | None = None, selected: int | None = None) -> pd.DataFrame:
+def jobs_frame(
+    page: dict, now: dt.datetime | None = None, selected: int | None = None, owners: bool = False
+) -> pd.DataFrame:
     """GET /jobs -> one row per job: a marker on the `selected` one, id, name, algorithm, status, firing health
-    alarms, step (as step/max_steps), latest reward, age."""
+    alarms, step (as step/max_steps), latest reward, start, duration, age. `owners`: GET /admin/jobs, with each
+    job's owner after its id; its deleted jobs (the admins' audit tombstones) left out, as nothing applies to them."""
     rows = []
     for job in page.get("items", []):
+        if owners and job.get("deleted_at"):
+            continue
         reward = job.get("latest_reward")
         alarms = ", ".join(alarm_words(str(a)) for a in job.get("alarms") or [])
         rows.append(
             [
                 SELECTED if selected is not None and job["id"] == selected else "",
                 job["id"],
+                *([job.get("user", "")] if owners else []),
                 job["name"],
                 job.get("algorithm") or "reinforce",
                 job["status"],
                 f"⚠ {alarms}" if alarms else "",
                 f"{job.get('step', 0)}/{job.get('max_steps', '?')}",
                 "" if reward is None else f"{reward:+.4f}",
+                started(job),
+                duration(job, now),
                 age(job.get("created_at"), now),
             ]
         )
-    return pd.DataFrame(rows, columns=JOB_COLUMNS)
+    return pd.DataFrame(rows, columns=job_columns(owners))
+
+
+def job_columns(owners: bool = False) -> list[str]:
+    """The Jobs table's columns; `owners`: with the owner's after the id (the admin's All users view)."""
+    return [*JOB_COLUMNS[:2], OWNER, *JOB_COLUMNS[2:]] if owners else list(JOB_COLUMNS)
+
+
+def action_message(kind: str, jid: int, status: str | None, owner: str | None = None) -> str:
+    """What the Jobs tab says after `kind` (cancel, resume, retry) of job `jid`, which is now `status`: redrawn as the
+    status changes, so a cancel says "cancelling" only while the run is still stopping."""
+    whose = f"{owner}'s job" if owner else "Job"
+    if kind == "cancel":
+        if status == "cancelling":
+            return f"{whose} {jid}: **cancelling**: its run stops at the next step, with a checkpoint."
+        if status == "cancelled":
+            return f"{whose} {jid}: **cancelled**."
+    if kind == "retry" and status == "queued":
+        return f"{whose} {jid}: retried from scratch (its metrics, samples and checkpoints deleted): **queued**."
+    return f"{whose} {jid}: {kind} -> **{status}**."
 
 
 def metrics_frame(body: dict, names: list[str] | None = None, strip_prefix: str = "") -> pd.DataFrame:

@@ -20,6 +20,8 @@ from webapp.ui.api import REJECTED, Api, ApiError
 from webapp.ui.frames import jobs_frame
 
 REFRESH_S = 2.0
+JOBS, ADMIN_JOBS = "/jobs", "/admin/jobs"  # a user's own jobs; every user's (admins), with the same actions
+FORBIDDEN = 403  # the API's answer to a user who is not an admin
 SIGNED_OUT = f"Signed out ({REJECTED})."
 
 
@@ -35,6 +37,7 @@ class Session:
     signed: gr.Markdown
     open_tab: gr.State | None = None  # the id of the tab on screen: only its refreshes run on the timer
     ticked: Any = None  # the timer's first event (jobs_tab): the other refreshes follow it
+    all_users: gr.Checkbox | None = None  # the Jobs tab's "All users" (admins only): every user's jobs
 
     def api(self, token: str | None) -> Api:
         if not token:
@@ -55,23 +58,34 @@ class Session:
         return [gr.update(), gr.update()]
 
     def sign_in(self, token: str, selected=None) -> list:
-        """[token, sign-in line, Jobs table]: the token kept when the API knows it (GET /me)."""
+        """[token, sign-in line, Jobs table, All users box]: the token kept when the API knows it (GET /me); the
+        table lists the user's own jobs, and the box (off) is shown to an admin only."""
         token = (token or "").strip()
         try:
             api = Api(self.api_url, token, forwarded_for())
             me = api.get("/me")
             table = jobs_frame(api.get("/jobs", per_page=100), selected=job_id_of(selected))
         except ApiError as err:
-            return ["", f"Sign-in failed: {err.message}", gr.update()]
-        return [token, f"Signed in as **{me['name']}**{' (admin)' if me['is_admin'] else ''}.", table]
+            return ["", f"Sign-in failed: {err.message}", gr.update(), gr.update()]
+        line = f"Signed in as **{me['name']}**{' (admin)' if me['is_admin'] else ''}."
+        return [token, line, table, gr.update(visible=bool(me["is_admin"]), value=False)]
 
-    def refresh_jobs(self, token: str, selected=None) -> list:
+    def refresh_jobs(self, token: str, selected=None, all_users: bool = False) -> list:
         """[Jobs table, token, sign-in line]: the table's new value (the `selected` job marked), no change when
-        signed out or the API fails; a rejected token is dropped."""
+        signed out or the API fails; a rejected token is dropped. `all_users`: every user's jobs with their owner
+        (GET /admin/jobs), or the user's own when the API refuses that (403: not an admin)."""
         if not token:
             return [gr.update(), *self.unchanged()]
         try:
-            page = self.api(token).get("/jobs", per_page=100)
+            api = self.api(token)
+            if all_users:
+                try:
+                    page = api.get(ADMIN_JOBS, per_page=100)
+                    return [jobs_frame(page, selected=job_id_of(selected), owners=True), *self.unchanged()]
+                except ApiError as err:
+                    if err.status != FORBIDDEN:  # a rejected token is dropped below, after one request
+                        raise
+            page = api.get(JOBS, per_page=100)
             return [jobs_frame(page, selected=job_id_of(selected)), *self.unchanged()]
         except ApiError as err:
             return [gr.update(), *(self.signed_out() if err.rejected else self.unchanged())]
@@ -157,7 +171,7 @@ def header(api_url: str) -> tuple[Session, SignIn]:
 def wire_sign_in(session: Session, sign_in: SignIn, jobs_table: gr.Dataframe) -> None:
     """Signing in checks the token against the API, keeps it in the session and fills the Jobs table (the tabs that
     depend on who is signed in follow the token's changes)."""
-    outputs = [session.token, sign_in.message, jobs_table]
+    outputs = [session.token, sign_in.message, jobs_table, session.all_users]
     sign_in.button.click(session.sign_in, [sign_in.token_box, session.job_id], outputs)
     sign_in.token_box.submit(session.sign_in, [sign_in.token_box, session.job_id], outputs)
 
