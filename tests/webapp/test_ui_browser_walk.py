@@ -113,6 +113,12 @@ def test_a_zoomed_chart_keeps_its_zoom_as_steps_come_and_gold_rewards_have_their
     redrawn = wait_chart(page, f"s.points > {zoomed['points']}", 60)
     assert redrawn["range"] == pytest.approx(zoomed["range"]), (full, zoomed, redrawn)
     page.screenshot(path=ARTIFACTS / "ui-walk-zoom-kept.png", full_page=True)
+    # A double-click zooms back out, and the next redraw leaves it so.
+    box = page.locator("#plot-0 .draglayer .xy .nsewdrag").first.bounding_box()
+    page.mouse.dblclick(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    reset = wait_chart(page, f"s.range[1] - s.range[0] > {span * 0.99}", 10)
+    after = wait_chart(page, f"s.points > {reset['points']}", 60)
+    assert after["range"] == pytest.approx(full), (full, reset, after)
 
     # Samples: a gold column, and the filter that shows where the reward and the gold reward disagree.
     page.get_by_role("tab", name="Samples").click()

@@ -40,15 +40,17 @@ KEEP_ZOOM_JS = """() => {
         el.__keepZoom = true;
         const key = el.layout.uirevision;
         if (!key) return;
-        const figure = JSON.stringify(el.layout);  // the figure's own ranges, before a relayout changes them
-        const own = (axis) => JSON.stringify((JSON.parse(figure)[axis] || {}).range || null);
+        const own = {};  // the figure's own ranges, read before a relayout changes them
+        for (const [name, axis] of Object.entries(el.layout)) {
+            if (/^[xy]axis\\d*$/.test(name)) own[name] = JSON.stringify((axis || {}).range || null);
+        }
         el.on("plotly_relayout", (change) => {
             const kept = zooms.get(key) || {};
             for (const attribute of Object.keys(change)) {
                 const match = attribute.match(RANGE);
                 if (!match) continue;
                 const name = match[1], axis = el._fullLayout[name];
-                if (!axis || change[name + ".autorange"] === true || JSON.stringify(axis.range) === own(name)) {
+                if (!axis || change[name + ".autorange"] === true || JSON.stringify(axis.range) === own[name]) {
                     delete kept[name];
                 } else {
                     kept[name] = {range: axis.range.slice(), type: axis.type};
