@@ -11,7 +11,7 @@ import pytest
 from aligner.metrics import INIT_POLICY_KL, TRAIN_REWARD, VAL_REWARD
 from webapp.ui import charts, job_view
 from webapp.ui.frames import metrics_frame, series_frame
-from webapp.ui.job_page import load
+from webapp.ui.job_page import draw, load
 from webapp.ui.jobs_tab import selected_status
 
 NOW = dt.datetime(2026, 11, 22, 19, 0, 0, tzinfo=dt.UTC)
@@ -21,10 +21,16 @@ def frame(points: dict[str, list[tuple[int, float]]]) -> pd.DataFrame:
     return series_frame([(s, v, name) for name, values in points.items() for s, v in values])
 
 
-def test_ema_worked_by_hand():
-    assert charts.ema([1.0, 0.0, 0.0], 0.5) == [1.0, 0.5, 0.25]
-    assert charts.ema([2.0, 4.0, 4.0], 0.75) == [2.0, 2.5, 2.875]
+def test_ema_is_debiased_as_tensorboard_s_worked_by_hand():
+    # a = 0.5 from m_0 = 0: m = 0.5, 0.25, 0.125 over 1 - a^t = 0.5, 0.75, 0.875
+    assert charts.ema([1.0, 0.0, 0.0], 0.5) == pytest.approx([1.0, 1 / 3, 1 / 7])
+    # a = 0.75: m = 0.5, 1.375, 2.03125 over 0.25, 0.4375, 0.578125
+    assert charts.ema([2.0, 4.0, 4.0], 0.75) == pytest.approx([2.0, 22 / 7, 130 / 37])
+    # a = 0.99: the first point is itself, not 0.01 of it (no pull towards the zero start)
+    assert charts.ema([5.06, 5.0], 0.99) == pytest.approx([5.06, (0.99 * 0.0506 + 0.05) / (1 - 0.99**2)])
     assert charts.ema([3.0, 1.0], 0.0) == [3.0, 1.0]
+    assert charts.ema([0.7, 0.7, 0.7], 0.9) == [0.7, 0.7, 0.7]  # constant: as it is
+    assert charts.ema([1.0, float("nan"), 3.0], 0.5)[2] == pytest.approx((0.5 * 0.5 + 1.5) / 0.75)  # NaN skipped
 
 
 def test_a_chart_has_integer_step_ticks_markers_a_title_and_rounded_hover():
@@ -40,10 +46,48 @@ def test_a_chart_has_integer_step_ticks_markers_a_title_and_rounded_hover():
 
 
 def test_smoothing_draws_the_raw_points_faint_and_the_ema_solid():
-    fig = charts.line_chart(frame({"train": [(1, 1.0), (2, 0.0), (3, 0.0)]}), "Reward", "reward", smoothing=0.5)
+    values = [1.0] + [0.0] * (charts.MIN_SMOOTH_POINTS - 1)
+    points = list(enumerate(values, start=1))
+    fig = charts.line_chart(frame({"train": points}), "Reward", "reward", smoothing=0.5)
     raw, smooth = fig.data
-    assert raw.opacity == 0.3 and not raw.showlegend and list(raw.y) == [1.0, 0.0, 0.0]
-    assert smooth.opacity is None and list(smooth.y) == [1.0, 0.5, 0.25] and smooth.name == "train"
+    assert raw.opacity == 0.3 and not raw.showlegend and list(raw.y) == values
+    assert smooth.opacity is None and list(smooth.y) == charts.ema(values, 0.5) and smooth.name == "train"
+
+
+def test_a_series_too_short_to_smooth_is_drawn_raw_and_its_legend_says_so():
+    # the case: 9 validation points at 0.99 smoothing were drawn at ~half their value
+    short = [(s, 5.0 + 0.01 * s) for s in range(charts.MIN_SMOOTH_POINTS - 1)]
+    long = [(s, 1.0 + s) for s in range(charts.MIN_SMOOTH_POINTS)]
+    fig = charts.line_chart(frame({"train": long, "validation": short}), "Reward", "reward", smoothing=0.99)
+    by_name = {trace.name: trace for trace in fig.data}
+    assert set(by_name) == {"train (raw)", "train", f"validation (raw: < {charts.MIN_SMOOTH_POINTS} points)"}
+    validation = by_name[f"validation (raw: < {charts.MIN_SMOOTH_POINTS} points)"]
+    assert list(validation.y) == [v for _s, v in short] and validation.opacity == 1.0 and validation.showlegend
+    unsmoothed = charts.line_chart(frame({"validation": short}), "Reward", "reward")
+    assert [t.name for t in unsmoothed.data] == ["validation"]  # no smoothing asked: nothing to explain
+
+
+def test_gold_rewards_get_their_own_right_axis_and_the_zoom_is_kept_per_job_and_chart():
+    view = {"job_id": 7, "job": JOB, "metrics": BODY}
+    _msg, *plots = draw(view, 0.0, True)
+    figures = {p["value"].layout.title.text: p["value"] for p in plots if p.get("value") is not None}
+    reward = figures["Reward"]
+    axes = {trace.name: trace.yaxis for trace in reward.data}
+    assert axes == {"train": None, "validation": None, "gold: rule" + charts.RIGHT_AXIS: "y2"}  # None: the left
+    assert reward.layout.yaxis2.side == "right" and reward.layout.yaxis2.overlaying == "y"
+    assert reward.layout.yaxis2.title.text == job_view.GOLD_AXIS_TITLE and reward.layout.yaxis2.autorange
+    assert reward.layout.yaxis.title.text == "reward"
+    # every chart keeps the user's zoom while its job runs: the same uirevision with more steps, another per chart
+    more = {**BODY["metrics"], "train_rollouts/rewards": [[s, 0.1 * s] for s in range(1, 14)]}
+    _msg, *redrawn = draw({**view, "metrics": {"metrics": more}}, 0.5, False)
+    revisions = [p["value"].layout.uirevision for p in plots if p.get("value") is not None]
+    assert revisions == [p["value"].layout.uirevision for p in redrawn if p.get("value") is not None]
+    assert all(revisions) and len(set(revisions)) == len(revisions)
+    other = draw({**view, "job_id": 8, "job": {**JOB, "id": 8}}, 0.0, True)[1]["value"]
+    assert other.layout.uirevision != reward.layout.uirevision
+    # a chart of gold rewards alone keeps them on its one axis
+    alone = charts.line_chart(frame({"gold: rule": [(0, 0.1)]}), "Reward", "reward", right=["gold: rule"])
+    assert alone.data[0].yaxis is None and "yaxis2" not in alone.layout.to_plotly_json()
 
 
 def test_log_scale_when_asked_and_every_value_is_positive():

@@ -35,7 +35,7 @@ def test_the_samples_table_groups_a_prompts_rollouts_with_rounded_numbers():
         sample(0, DEMO_PROMPT, 0, 0.0, split="validation"),
     ]
     frame = samples.samples_frame({"items": items})
-    assert list(frame.columns[:7]) == ["step", "prompt", "response", "reward", "advantage", "KL", "ended"]
+    assert list(frame.columns[:8]) == ["step", "prompt", "response", "reward", "gold", "advantage", "KL", "ended"]
     assert frame["step"].tolist() == [0, 1, 1, 1]  # by step, then a prompt's rollouts together
     assert frame["prompt"].tolist() == ["user: the cat", "user: the cat", "", "user: the sea"]
     assert frame["response"].tolist() == ["r0", "r0", "r2", "r1"]
@@ -88,3 +88,36 @@ def test_a_followed_prompt_compares_two_steps_with_their_gold_rewards():
     assert "step 2: reward 0.5" in samples.follow_diff(items, DEMO_PROMPT, "2", "latest")
     assert "No validation answers" in samples.follow_diff(items, DEMO_PROMPT, "7", "latest")  # a step not there
     assert "No validation answers" in samples.follow_diff([], None, samples.FIRST, samples.LATEST)
+
+
+def test_the_samples_table_has_a_gold_column_and_the_reward_high_gold_low_filter_finds_the_disagreements():
+    val = "validation"
+    items = [  # step 2: rewards 0.1, 0.5, 0.9, 0.8 (median 0.65); rule golds 1, 1, 0, 1 (median 1)
+        sample(2, DEMO_PROMPT, 0, 0.1, split=val, extra_rewards={"rule": 1.0}),
+        sample(2, DEMO_PROMPT, 1, 0.5, split=val, extra_rewards={"rule": 1.0}),
+        sample(2, DEMO_PROMPT, 2, 0.9, split=val, extra_rewards={"rule": 0.0, "judge": 0.5}),  # kept
+        sample(2, DEMO_PROMPT, 3, 0.8, split=val, extra_rewards={"rule": 1.0}),  # reward high, gold not low
+        # step 4: rewards 2, 3, 4 (median 3): judge 0.2, 0.9, 0.95 (median 0.9); the third's rule alone is missing
+        sample(4, DEMO_PROMPT, 0, 2.0, split=val, extra_rewards={"judge": 0.2}),  # gold low, reward not high
+        sample(4, DEMO_PROMPT, 1, 3.0, split=val, extra_rewards={"judge": 0.9}),  # at the median: not above it
+        sample(4, DEMO_PROMPT, 2, 4.0, split=val, extra_rewards={"judge": 0.95, "rule": None}),
+        sample(4, DEMO_PROMPT, 3, 9.0, split="train"),  # train samples have no gold rewards
+    ]
+    frame = samples.samples_frame({"items": items})
+    gold = dict(zip(zip(frame["step"], frame["reward"]), frame["gold"], strict=True))
+    assert gold[(2, 0.9)] == "judge 0.500, rule 0.000" and gold[(4, 9.0)] == ""
+    kept = samples.reward_high_gold_low(items)
+    assert kept == [items[2]]
+    items[6]["extra_rewards"]["judge"] = 0.1  # step 4's median judge is now 0.2: its best reward has the worst gold
+    assert samples.reward_high_gold_low(items) == [items[2], items[6]]
+    assert samples.reward_high_gold_low([sample(1, DEMO_PROMPT, 0, 1.0, split=val)]) == []  # no gold: nothing
+
+    # the reward bounds and the page apply to what the filter kept
+    query = samples.sample_query("", "all", "3", "", 1)
+    page = samples.local_page(samples.reward_high_gold_low(items), query)
+    assert page == {"items": [items[6]], "total": 1, "page": 1, "per_page": samples.PER_PAGE}
+    many = [sample(1, DEMO_PROMPT, i, float(i)) for i in range(samples.PER_PAGE + 3)]
+    second = samples.local_page(many, samples.sample_query("", "all", "", "", 2))
+    assert second["total"] == samples.PER_PAGE + 3 and second["items"] == many[samples.PER_PAGE :]
+    info = samples.samples_info(3, page, "samples", gold_low=True)
+    assert "1 samples match" in info and samples.GOLD_FILTER_INFO in info

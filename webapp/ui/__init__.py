@@ -53,10 +53,11 @@ def launch(app, host: str, port: int, **kwargs):
     at ALIGNER_MAX_UPLOAD_BYTES (413 past it), the API's own cap on a dataset.
     """
     from webapp.settings import service_settings
+    from webapp.ui.charts import KEEP_ZOOM_JS
 
     app.queue(default_concurrency_limit=8)
-    return app.launch(server_name=host, server_port=port, ssr_mode=False, css=CSS, footer_links=[], show_error=True,
-                      max_file_size=service_settings().max_upload_bytes, **kwargs)  # fmt: skip
+    return app.launch(server_name=host, server_port=port, ssr_mode=False, css=CSS, js=KEEP_ZOOM_JS, footer_links=[],
+                      show_error=True, max_file_size=service_settings().max_upload_bytes, **kwargs)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> None:

@@ -3,11 +3,21 @@
 Plotly rather than gr.LinePlot: a LinePlot keeps the series of its first data, so a chart drawn at step 0 (one
 validation point) never showed the train series that came later. Every chart has integer step ticks, point markers,
 values on hover to 4 significant digits, and the x range its caller gives (the same on every chart of a job).
+
+Series the caller names as `right` (the gold rewards, whose 0..1 scale a reward model's -2..5 would flatten) get a
+y axis of their own on the right, with its own title and range.
+
+A figure's `uirevision` (the caller's: stable per job and chart) names it across redraws, so that the user's zoom
+outlives a redraw with new points. Plotly.js alone cannot do that here: Gradio's gr.Plot mounts a new plotly element
+for every new figure (a keyed block), and plotly keeps user edits per element. KEEP_ZOOM_JS, run in the page
+(`launch(js=...)`), keeps each uirevision's zoomed axis ranges, by axis and axis type, and sets them on the next
+element of the same uirevision; a zoom back to the figure's own range (a double-click) forgets it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -16,13 +26,69 @@ PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 HOVER = "%{fullData.name}<br>step %{x:d}: %{y:.4g}<extra></extra>"
 MAX_TICKS = 10
 HEIGHT = 280
+# A series with fewer points is drawn raw whatever the smoothing: an EMA of a handful of validation points mostly
+# shows how far back its weights reach, not a trend (the legend says so).
+MIN_SMOOTH_POINTS = 10
+UNSMOOTHED = f" (raw: < {MIN_SMOOTH_POINTS} points)"
+RIGHT_AXIS = " (right axis)"
+RIGHT_MARGIN = 60  # room for the right axis' ticks and title
+KEEP_ZOOM_JS = """() => {
+    const zooms = new Map();  // uirevision -> {axis: {range, type}}
+    const RANGE = /^([xy]axis\\d*)\\.(range(\\[[01]\\])?|autorange)$/;
+    const follow = (el) => {
+        if (el.__keepZoom || !el.on || !el.layout || !el._fullLayout) return;
+        el.__keepZoom = true;
+        const key = el.layout.uirevision;
+        if (!key) return;
+        const own = {};  // the figure's own ranges, read before a relayout changes them
+        for (const [name, axis] of Object.entries(el.layout)) {
+            if (/^[xy]axis\\d*$/.test(name)) own[name] = JSON.stringify((axis || {}).range || null);
+        }
+        el.on("plotly_relayout", (change) => {
+            const kept = zooms.get(key) || {};
+            for (const attribute of Object.keys(change)) {
+                const match = attribute.match(RANGE);
+                if (!match) continue;
+                const name = match[1], axis = el._fullLayout[name];
+                if (!axis || change[name + ".autorange"] === true || JSON.stringify(axis.range) === own[name]) {
+                    delete kept[name];
+                } else {
+                    kept[name] = {range: axis.range.slice(), type: axis.type};
+                }
+            }
+            zooms.set(key, kept);
+        });
+        const again = {};
+        for (const [axis, zoom] of Object.entries(zooms.get(key) || {})) {
+            if (el._fullLayout[axis] && el._fullLayout[axis].type === zoom.type) again[axis + ".range"] = zoom.range;
+        }
+        if (Object.keys(again).length) window.Plotly.relayout(el, again);
+    };
+    const scan = () => document.querySelectorAll(".js-plotly-plot").forEach(follow);
+    new MutationObserver(scan).observe(document.body, {childList: true, subtree: true});
+}"""
 
 
 def ema(values: list[float], smoothing: float) -> list[float]:
-    """Exponential moving average, TensorBoard's smoothing: s_0 = v_0, s_t = a s_{t-1} + (1 - a) v_t (a = 0: raw)."""
+    """TensorBoard's debiased exponential moving average (a = `smoothing`, 0: raw): from m_0 = 0,
+    m_t = a m_{t-1} + (1 - a) v_t and s_t = m_t / (1 - a^t), t counting the finite values so far. Dividing by
+    1 - a^t (the weight the zero start has not yet had) makes the weights of v_1..v_t sum to 1, so an early s_t is
+    a mean of the points so far instead of a value dragged towards 0 or towards v_1. A non-finite value is kept as it
+    is and does not count; a constant series is returned as it is (no rounding drift).
+
+    Source: TensorBoard's `resmoothDataset` (tensorboard/components/vz_line_chart2/line-chart.ts), also what W&B's
+    "exponential moving average" smoothing uses."""
+    if not 0 < smoothing < 1 or len(set(values)) <= 1:
+        return list(values)
     smoothed: list[float] = []
+    last, count = 0.0, 0
     for value in values:
-        smoothed.append(value if not smoothed else smoothing * smoothed[-1] + (1 - smoothing) * value)
+        if not math.isfinite(value):
+            smoothed.append(value)
+            continue
+        last = smoothing * last + (1 - smoothing) * value
+        count += 1
+        smoothed.append(last / (1 - smoothing**count))
     return smoothed
 
 
@@ -51,29 +117,39 @@ def line_chart(
     log_y: bool = False,
     x_range: tuple[float, float] | None = None,
     colors: dict[str, str] | None = None,
+    right: Sequence[str] = (),
+    right_title: str = "",
+    uirevision: str | None = None,
 ) -> go.Figure:
     """One chart of `frame` (step, value, series), a coloured line with markers per series. With `smoothing` > 0 the
-    raw points are drawn faint and the EMA line solid; `log_y` is honoured only when every value is > 0 (the title
-    says when it is not)."""
+    raw points of a series of at least MIN_SMOOTH_POINTS are drawn faint and its EMA line solid (a shorter one stays
+    raw, its legend says why); `log_y` is honoured only when every value is > 0 (the title says when it is not) and
+    applies to the left axis. The series named in `right` are drawn on a linear y axis on the right titled
+    `right_title` when the chart has other series too; `uirevision` keeps the user's zoom across redraws."""
     fig = go.Figure()
     names = list(dict.fromkeys(frame["series"])) if len(frame) else []
+    on_right = {n for n in names if n in set(right)} if set(names) - set(right) else set()
     for i, name in enumerate(names):
         part = frame[frame["series"] == name].sort_values("step")
         color = (colors or {}).get(name, PALETTE[i % len(PALETTE)])
         steps, values = part["step"].tolist(), part["value"].tolist()
-        smooth = 0 < smoothing < 1 and len(values) > 1
+        wanted = 0 < smoothing < 1
+        smooth = wanted and len(values) >= MIN_SMOOTH_POINTS
+        label = name + (RIGHT_AXIS if name in on_right else "")
+        axis = {"yaxis": "y2"} if name in on_right else {}
         fig.add_trace(
             go.Scatter(
                 x=steps,
                 y=values,
-                name=name if not smooth else f"{name} (raw)",
+                name=f"{label} (raw)" if smooth else label + (UNSMOOTHED if wanted else ""),
                 mode="lines+markers",
-                line={"color": color, "width": 1 if smooth else 2},
+                line={"color": color, "width": 1 if smooth else 2, "dash": "dot" if name in on_right else None},
                 marker={"color": color, "size": 5 if smooth else 6},
                 opacity=0.3 if smooth else 1.0,
                 hovertemplate=HOVER,
                 legendgroup=name,
                 showlegend=not smooth,
+                **axis,
             )
         )
         if smooth:
@@ -81,15 +157,17 @@ def line_chart(
                 go.Scatter(
                     x=steps,
                     y=ema(values, smoothing),
-                    name=name,
+                    name=label,
                     mode="lines",
-                    line={"color": color, "width": 2},
+                    line={"color": color, "width": 2, "dash": "dot" if name in on_right else None},
                     hovertemplate=HOVER,
                     legendgroup=name,
+                    **axis,
                 )
             )
-    log = log_y and log_scale_ok(frame)
-    if log_y and not log and len(frame):
+    left = frame[~frame["series"].isin(on_right)] if len(frame) else frame
+    log = log_y and log_scale_ok(left)
+    if log_y and not log and len(left):
         title += " (linear: some values ≤ 0)"
     x_max = x_range[1] if x_range else (float(frame["step"].max()) if len(frame) else 1.0)
     x_min = x_range[0] if x_range else 0.0
@@ -97,10 +175,11 @@ def line_chart(
     fig.update_layout(
         title={"text": title, "font": {"size": 14}},
         height=HEIGHT,
-        margin={"l": 50, "r": 10, "t": 40, "b": 40},
+        margin={"l": 50, "r": RIGHT_MARGIN if on_right else 10, "t": 40, "b": 40},
         legend={"orientation": "h", "y": -0.25},
         hovermode="closest",
         template="plotly_white",
+        uirevision=uirevision,
     )
     fig.update_xaxes(
         title_text="step",
@@ -111,6 +190,18 @@ def line_chart(
     )
     # exponents as 2.5e-7, not SI prefixes (250n reads as nanoseconds)
     fig.update_yaxes(title_text=y_title, type="log" if log else "linear", exponentformat="e")
+    if on_right:
+        fig.update_layout(
+            yaxis2={
+                "title": {"text": right_title},
+                "overlaying": "y",
+                "side": "right",
+                "type": "linear",
+                "exponentformat": "e",
+                "showgrid": False,
+                "autorange": True,
+            }  # fmt: skip
+        )
     return fig
 
 

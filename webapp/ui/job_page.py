@@ -29,8 +29,11 @@ from webapp.ui.charts import line_chart, x_extent
 from webapp.ui.frames import checkpoints_frame
 from webapp.ui.job_view import (
     ACTIVE,
+    GOLD_AXIS_TITLE,
     append_metrics,
+    chart_revision,
     event_log,
+    gold_series,
     job_charts,
     last_step,
     run_summary,
@@ -69,6 +72,13 @@ def download_dir(now: float | None = None) -> Path:
     return folder
 
 
+def chart_figure(job: dict, title: str, frame: pd.DataFrame, y_title: str, smoothing: float, log_y: bool,
+                 x_range: tuple[float, float]):  # fmt: skip
+    """One chart of the job's: its gold rewards on their own right axis, its zoom kept across redraws."""
+    return line_chart(frame, title, y_title, smoothing, log_y, x_range, right=gold_series(frame),
+                      right_title=GOLD_AXIS_TITLE, uirevision=chart_revision(job.get("id"), title))  # fmt: skip
+
+
 def draw(view: dict, smoothing: float, log_y: bool) -> list:
     """[charts message, each plot's update]: the charts that have data, in order; the others hidden."""
     job, body = view.get("job"), view.get("metrics") or {}
@@ -77,7 +87,7 @@ def draw(view: dict, smoothing: float, log_y: bool) -> list:
     charts = job_charts(body)
     x_range = x_extent(job.get("max_steps"), last_step(body), job["status"] in ACTIVE)
     updates = [
-        gr.update(value=line_chart(frame, title, y_title, smoothing, log_y and log, x_range), visible=True)
+        gr.update(value=chart_figure(job, title, frame, y_title, smoothing, log_y and log, x_range), visible=True)
         for title, frame, y_title, log in charts
     ]
     updates += [gr.update(value=None, visible=False)] * (NUM_PLOTS - len(updates))

@@ -26,13 +26,15 @@ from webapp.ui.frames import alarm_words, metrics_frame
 
 ACTIVE = ("queued", "running", "cancelling")
 HEAD_TAIL = 5  # steps averaged at each end for the change in train reward
+GOLD_LABEL = "gold: "  # a gold reward's legend label: GOLD_LABEL + its name
+GOLD_AXIS_TITLE = "gold reward"
 
 
 def series_label(name: str) -> str:
     """A metric's name in a chart's legend: "train", "validation", "gold: NAME" (val/extra_rewards/NAME), a timer's
     phase."""
     if name.startswith(GOLD_REWARD_PREFIX):
-        return "gold: " + name.removeprefix(GOLD_REWARD_PREFIX)
+        return GOLD_LABEL + name.removeprefix(GOLD_REWARD_PREFIX)
     if name.startswith((ROLLOUTS_PREFIX, OPTIM_PREFIX)):
         return "train"
     if name.startswith(VAL_PREFIX):
@@ -59,6 +61,18 @@ def job_charts(body: dict) -> list[tuple[str, pd.DataFrame, str, bool]]:
             frame["series"] = frame["series"].map(series_label)
             charts.append((chart.title, frame, chart.unit, chart.log))
     return charts
+
+
+def gold_series(frame: pd.DataFrame) -> list[str]:
+    """The gold rewards' labels among a chart's series (job_charts' frames): drawn on an axis of their own, since a
+    rule's 0..1 next to a reward model's -2..5 looks flat however much it moves."""
+    return [name for name in dict.fromkeys(frame["series"]) if str(name).startswith(GOLD_LABEL)] if len(frame) else []
+
+
+def chart_revision(job_id: Any, title: str) -> str:
+    """A chart's plotly uirevision: the same for a job's chart across redraws (the user's zoom is kept while new
+    steps come), another for another job or chart (a fresh view)."""
+    return f"job {job_id}: {title}"
 
 
 def last_step(body: dict) -> int | None:

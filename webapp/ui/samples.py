@@ -2,6 +2,12 @@
 together with their group's mean reward) or one row per group, and one validation prompt followed across steps with
 a word diff of two steps' answers.
 
+Gold rewards (a validation sample's `extra_rewards`) have a column of their own, and the "reward high, gold low"
+filter shows where the reward model and a gold reward disagree (reward hacking): it fetches the validation samples
+(of the step asked, else all of them, as many as `Api.get_all` fetches), keeps those above their step's median
+reward and below their step's median of one gold reward, then applies the reward bounds and pages them here, since
+the API cannot filter on a JSON column's median.
+
 The functions above `samples_tab` turn API JSON into tables and HTML and are tested without a browser; Gradio loads
 in `samples_tab` only.
 """
@@ -18,7 +24,7 @@ import pandas as pd
 
 from webapp.ui.api import ApiError
 
-SAMPLE_COLUMNS = ["step", "prompt", "response", "reward", "advantage", "KL", "ended", "group mean", "split"]
+SAMPLE_COLUMNS = ["step", "prompt", "response", "reward", "gold", "advantage", "KL", "ended", "group mean", "split"]
 GROUP_COLUMNS = ["step", "split", "prompt", "mean reward", "spread (std)", "n", "note"]
 HISTORY_COLUMNS = ["step", "response", "reward", "KL", "gold rewards"]
 # Cut to what a table cell shows readably; the full text is one filter away (step + split).
@@ -27,11 +33,16 @@ REWARD_DECIMALS, KL_DECIMALS = 3, 4
 ZERO_SPREAD = "zero spread: no learning signal"
 ZERO_SPREAD_STD = 1e-6  # a group's rewards this close are all the same to the RLOO baseline
 # Prompt and response take the room; every column fits on screen (none hidden off to the right).
-SAMPLE_WIDTHS = ["5%", "20%", "36%", "7%", "7%", "7%", "5%", "7%", "6%"]
+SAMPLE_WIDTHS = ["5%", "18%", "31%", "7%", "9%", "6%", "6%", "5%", "7%", "6%"]
 GROUP_WIDTHS = ["6%", "8%", "46%", "10%", "10%", "5%", "15%"]
 PER_PAGE = 50
 VIEWS = ["samples", "groups"]
 FIRST, LATEST = "first", "latest"
+GOLD_FILTER = "Reward high, gold low"
+GOLD_FILTER_INFO = (
+    "validation samples whose reward is above their step's median reward and whose gold reward (one of them) is "
+    "below its median at that step: where the reward model and the gold reward disagree"
+)
 
 # Chat markup of the common templates: a role marker becomes "role: ", every other special token goes.
 _ROLE = r"(system|user|assistant)"
@@ -103,6 +114,7 @@ def samples_frame(page: dict) -> pd.DataFrame:
                 cut(clean_text(item.get("prompt")), PROMPT_CHARS) if n == 0 else "",
                 cut(clean_text(item.get("response")), RESPONSE_CHARS),
                 rounded(item.get("reward"), REWARD_DECIMALS),
+                gold_rewards(item),
                 rounded(item.get("advantage"), REWARD_DECIMALS),
                 rounded(item.get("kl"), KL_DECIMALS),
                 "yes" if item.get("is_end") else "no",
@@ -155,6 +167,51 @@ def sample_query(step: Any, split: str, min_reward: Any, max_reward: Any, page: 
         if bound is not None:
             params[key] = bound
     return params
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def reward_high_gold_low(items: list[dict]) -> list[dict]:
+    """The validation samples whose reward is above the median reward of their step's validation samples and one of
+    whose gold rewards is below that gold reward's median at the step (GOLD_FILTER_INFO), in their order. A step's
+    medians are over every validation sample of it in `items`, so `items` must hold whole steps."""
+    steps: dict[Any, list[dict]] = {}
+    for item in items:
+        if item.get("split") == "validation":
+            steps.setdefault(item.get("step"), []).append(item)
+    kept = set()
+    for members in steps.values():
+        rewards = [r for m in members if (r := _number(m.get("reward"))) is not None]
+        golds: dict[str, list[float]] = {}
+        for member in members:
+            extra = member.get("extra_rewards")
+            for name, value in extra.items() if isinstance(extra, dict) else ():
+                if (number := _number(value)) is not None:
+                    golds.setdefault(name, []).append(number)
+        if not rewards or not golds:
+            continue
+        reward_median = statistics.median(rewards)
+        gold_medians = {name: statistics.median(values) for name, values in golds.items()}
+        for member in members:
+            reward, extra = _number(member.get("reward")), member.get("extra_rewards")
+            if reward is None or reward <= reward_median or not isinstance(extra, dict):
+                continue
+            golds_below = (_number(extra.get(name)) for name in gold_medians)
+            if any(g is not None and g < median for g, median in zip(golds_below, gold_medians.values(), strict=True)):
+                kept.add(id(member))
+    return [item for item in items if id(item) in kept]
+
+
+def local_page(items: list[dict], params: dict[str, Any]) -> dict:
+    """`items` filtered by `params`' reward bounds (sample_query's) and cut to its page, as GET /jobs/{id}/samples
+    answers."""
+    low, high = params.get("min_reward"), params.get("max_reward")
+    shown = [i for i in items if (low is None or i["reward"] >= low) and (high is None or i["reward"] <= high)]
+    per_page, page = params.get("per_page", PER_PAGE), params.get("page", 1)
+    start = (page - 1) * per_page
+    return {"items": shown[start : start + per_page], "total": len(shown), "page": page, "per_page": per_page}
 
 
 def validation_prompts(items: list[dict]) -> list[tuple[str, str]]:
@@ -258,11 +315,12 @@ def follow_diff(items: list[dict], prompt: str | None, choice_a: Any, choice_b: 
     )
 
 
-def samples_info(job_id: int, result: dict, view: str) -> str:
+def samples_info(job_id: int, result: dict, view: str, gold_low: bool = False) -> str:
     shown = len(result.get("items", []))
     groups = len(group_samples(result.get("items", [])))
     what = f"{groups} groups" if view == "groups" else f"{shown} samples"
-    return f"Job {job_id}: {result.get('total', 0)} samples match; page {result.get('page', 1)} shows {what}."
+    which = f" ({GOLD_FILTER.lower()}: {GOLD_FILTER_INFO})" if gold_low else ""
+    return f"Job {job_id}: {result.get('total', 0)} samples match{which}; page {result.get('page', 1)} shows {what}."
 
 
 def samples_tab(session) -> None:
@@ -278,6 +336,7 @@ def samples_tab(session) -> None:
             s_max = gr.Textbox(label="Max reward", placeholder="no bound", elem_id="s-max")
             s_page = gr.Number(label="Page", value=1, precision=0, minimum=1, elem_id="s-page")
             s_view = gr.Radio(VIEWS, value="samples", label="View", elem_id="s-view")
+        s_gold = gr.Checkbox(value=False, label=GOLD_FILTER, info=GOLD_FILTER_INFO, elem_id="s-gold-low")
         samples_info_md = gr.Markdown(elem_id="samples-info")
         samples_table = gr.Dataframe(
             value=samples_frame({}),
@@ -302,7 +361,7 @@ def samples_tab(session) -> None:
             value=prompt_history([], None), interactive=False, wrap=True, elem_id="follow-table"
         )
 
-    def refresh_samples(token: str, selected, step, split, min_reward, max_reward, page, view):
+    def refresh_samples(token: str, selected, step, split, min_reward, max_reward, page, view, gold_low):
         from webapp.ui.tabs import job_id_of
 
         jid = job_id_of(selected)
@@ -313,14 +372,19 @@ def samples_tab(session) -> None:
         except ValueError as err:
             return f"**Filter**: {err}", gr.update()
         try:
-            result = session.api(token).get(f"/jobs/{jid}/samples", **params)
+            if gold_low:  # the medians need whole steps: every validation sample (of the step asked)
+                whole = {"step": params["step"]} if "step" in params else {}
+                items = session.api(token).get_all(f"/jobs/{jid}/samples", split="validation", **whole)
+                result = local_page(reward_high_gold_low(items), params)
+            else:
+                result = session.api(token).get(f"/jobs/{jid}/samples", **params)
         except ApiError as err:
             return f"Samples of job {jid}: {err.describe()}", gr.update()
         if view == "groups":
             table = gr.update(value=groups_frame(result), column_widths=GROUP_WIDTHS)
         else:
             table = gr.update(value=samples_frame(result), column_widths=SAMPLE_WIDTHS)
-        return samples_info(jid, result, view), table
+        return samples_info(jid, result, view, bool(gold_low)), table
 
     def refresh_follow(token: str, selected, prompt: str | None, choice_a, choice_b):
         from webapp.ui.tabs import job_id_of
@@ -347,12 +411,12 @@ def samples_tab(session) -> None:
             prompt_history(items, prompt),
         ]
 
-    sample_inputs = [session.token, session.job_id, s_step, s_split, s_min, s_max, s_page, s_view]
+    sample_inputs = [session.token, session.job_id, s_step, s_split, s_min, s_max, s_page, s_view, s_gold]
     sample_outputs = [samples_info_md, samples_table]
     session.every_tick(refresh_samples, sample_inputs, sample_outputs, tab="samples")
     session.follow_tab(tab, "samples", refresh_samples, sample_inputs, sample_outputs)
     for trigger in (session.job_id.change, s_step.submit, s_split.change, s_min.submit, s_max.submit,
-                    s_page.change, s_view.change):  # fmt: skip
+                    s_page.change, s_view.change, s_gold.change):  # fmt: skip
         trigger(refresh_samples, sample_inputs, sample_outputs, show_progress="hidden")
     follow_inputs = [session.token, session.job_id, follow, step_a, step_b]
     follow_outputs = [follow, step_a, step_b, follow_diff_html, follow_table]
