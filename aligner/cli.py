@@ -72,7 +72,7 @@ def _cmd_try_reward(args: argparse.Namespace) -> None:
 
     try:
         config = load_config(args.config, args.overrides)
-        result = try_reward(config, args.num_prompts, args.num_samples)
+        result = try_reward(config, args.num_prompts, args.num_samples, args.time_step_batch)
     except AlignerError as err:
         if args.json:  # a caller reading stdout (the service) learns the kind of error too
             print(json.dumps({"error": {"type": type(err).__name__, "message": str(err)}}))
@@ -169,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     trial.add_argument("--num-prompts", type=_positive, default=4, help="first N prompts of data.train_file (4)")
     trial.add_argument("--num-samples", type=_positive, default=4, help="responses per prompt (4)")
     trial.add_argument("--json", action="store_true", help="print the result (or the error) as JSON")
+    trial.add_argument(
+        "--time-step-batch",
+        type=_positive,
+        nargs=2,
+        metavar=("PROMPTS", "SAMPLES"),
+        help="also time a decode step of a generation batch this wide (timings.decode_step_s, with --json)",
+    )
     trial.set_defaults(func=_cmd_try_reward)
 
     train_rm = sub.add_parser("train-rm", help="train a reward model (Bradley-Terry) on preference pairs")

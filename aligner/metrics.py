@@ -69,6 +69,7 @@ TIMER_CRITIC_TRAIN = "timers/critic_train"
 TIMER_REFIT = "timers/refit"
 TIMER_VALIDATE = "timers/validate"
 TIMER_STEP = "timers/step"
+TIMER_WALL = "timers/wall"
 # The reward-model trainer (aligner/trainers/reward_model.py)
 RM_TRAIN_LOSS = "train/loss"
 RM_TRAIN_ACCURACY = "train/accuracy"
@@ -226,6 +227,14 @@ _SPECS = (
     _timer(TIMER_REFIT, "handing the new weights to the generation engine"),
     _timer(TIMER_VALIDATE, "validating"),
     _timer(TIMER_STEP, "in all (the slowest rank's)"),
+    # Not charted (it is the step's time and then some): the run's speed, which the Job page shows.
+    MetricSpec(
+        TIMER_WALL,
+        "seconds since the previous step's metrics were logged: the step, and the previous step's checkpoint and "
+        "logging, which timers/step leaves out",
+        "seconds",
+        POLICY_TRAINERS,
+    ),
     MetricSpec(RM_TRAIN_LOSS, "Bradley-Terry loss of the step's pairs", "loss", (REWARD_MODEL,)),
     MetricSpec(RM_TRAIN_ACCURACY, "share of the step's pairs ranked right", "fraction", (REWARD_MODEL,)),
     MetricSpec(RM_TRAIN_MARGIN, "mean chosen-less-rejected score of the step's pairs", "score", (REWARD_MODEL,)),

@@ -2,15 +2,18 @@
 
 The cheap checks of every submit (webapp/preflight.py: policy, tokenizer, datasets), then the reward on
 DRY_RUN_PROMPTS x DRY_RUN_SAMPLES samples in the bounded subprocess of a reward try (webapp/rewards_try.py
-`run_try`), then `step_time`: an estimate of a step's seconds scaled from that try. The try and the estimate are
-skipped when the policy or tokenizer check failed. A failed check is `"ok": false` in a 200 (PreflightOut); the
-endpoint stays in webapp/jobs.py. Beside the checks, `warnings`: settings that pass but are likely to train nothing
-(webapp/advice.py, the rules the dashboard's form shows too); they leave `ok` alone. See docs/service.md,
-"Preflight".
+`run_try`), which also times a warm decode step of one generation batch of the job's step (`step_batch`), then
+`step_time`: an estimate of a step's seconds from that timing. The try and the estimate are skipped when the policy
+or tokenizer check failed. A failed check is `"ok": false` in a 200 (PreflightOut); the endpoint stays in
+webapp/jobs.py. Beside the checks, `warnings`: settings that pass but are likely to train nothing (webapp/advice.py,
+the rules the dashboard's form shows too); they leave `ok` alone. See docs/service.md, "Preflight".
+
+The try runs on the API server's CPU: a worker with a GPU takes less.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -26,22 +29,42 @@ from webapp.limits import try_slot
 from webapp.rewards_try import TryFailed, redacted, run_try
 from webapp.schemas import PreflightOut
 
-# The dry run's try: small, so it answers in seconds; the estimate scales from it.
+# The dry run's try: small, so it answers in seconds; the estimate comes from its timing of a step's batch.
 DRY_RUN_PROMPTS, DRY_RUN_SAMPLES = 2, 2
 # Training a step (reference pass, forward and backward) takes about twice its generation on the machines measured
 # (docs/performance.md, where a steady SmolLM2 step goes: generate 1.9 s, reference 1.1 s, train 3.4-3.6 s): a rule
 # of thumb, not a measure.
 TRAIN_TO_GENERATE = 2.0
+# The widest batch (rows: prompts x samples) the try times: a wider one, slow on the API's CPU, is taken as costing
+# in proportion to its rows, as a batch that wide does once compute, not per-step overhead, sets its pace.
+TIMED_ROWS = 64
 
 
-def estimate_step_s(train: TrainConfig, tried: TrainConfig, timings: dict[str, float]) -> float:
-    """Seconds a step of `train` may take, from a try of `tried` (DRY_RUN_PROMPTS x DRY_RUN_SAMPLES): generation
-    scaled by samples and by new tokens, scoring by samples, training taken as TRAIN_TO_GENERATE x generation."""
-    samples = train.reinforce.num_prompts_per_step * train.reinforce.num_rollouts_per_prompt
-    tried_samples = DRY_RUN_PROMPTS * DRY_RUN_SAMPLES
-    tokens = max(1, int(timings.get("max_length") or tried.generation.max_new_tokens))
-    generate = timings["generate_s"] * samples / tried_samples * train.generation.max_new_tokens / tokens
-    score = timings["score_s"] * samples / tried_samples
+def step_batch(train: TrainConfig) -> tuple[int, int]:
+    """(prompts, samples each) of the generation batch the try times: a step's batch (generation.batch_size counts
+    prompts), narrowed to about TIMED_ROWS rows."""
+    samples = train.reinforce.num_rollouts_per_prompt
+    prompts = min(train.reinforce.num_prompts_per_step, train.generation.batch_size)
+    return min(prompts, max(1, TIMED_ROWS // samples)), samples
+
+
+def estimate_step_s(train: TrainConfig, timings: dict[str, float]) -> float:
+    """Seconds a step of `train` may take, from a try's timings of a generation batch (`step_batch`): its first
+    token (`batch_start_s`) and a decode step (`decode_step_s`) x the rest of generation.max_new_tokens (a batch
+    decodes until its longest response ends: with many samples, often the cap), in proportion to the rows of a
+    step's batch when it was narrowed, x the step's batches; scoring scaled by samples from the try's
+    (DRY_RUN_PROMPTS x DRY_RUN_SAMPLES); training taken as TRAIN_TO_GENERATE x generation.
+
+    Not the try's own generation scaled by samples: a batch decodes its rows together, so 8x the samples cost far
+    less than 8x the time (that scaling put the demo's step at about 5x its measure), and the try's first generation
+    pays the cold start."""
+    reinforce = train.reinforce
+    samples = reinforce.num_prompts_per_step * reinforce.num_rollouts_per_prompt
+    prompts = min(reinforce.num_prompts_per_step, train.generation.batch_size)
+    timed_prompts, _ = step_batch(train)
+    per_batch = timings["batch_start_s"] + timings["decode_step_s"] * (train.generation.max_new_tokens - 1)
+    generate = per_batch * prompts / timed_prompts * math.ceil(reinforce.num_prompts_per_step / prompts)
+    score = timings["score_s"] * samples / (DRY_RUN_PROMPTS * DRY_RUN_SAMPLES)
     return generate * (1 + TRAIN_TO_GENERATE) + score
 
 
@@ -57,7 +80,8 @@ def dry_run(train: TrainConfig, stored: dict[str, Any], checks: list[dict[str, A
         start = time.perf_counter()
         try:
             db.close_session()  # no connection held while the try runs
-            outcome = run_try(train, DRY_RUN_PROMPTS, DRY_RUN_SAMPLES, current_app.config["TRY_TIMEOUT_S"])
+            timeout = current_app.config["TRY_TIMEOUT_S"]
+            outcome = run_try(train, DRY_RUN_PROMPTS, DRY_RUN_SAMPLES, timeout, step_batch(train))
         except TryFailed as err:
             reasons = "; ".join(reason for field in redacted(err.errors).values() for reason in field)
             checks.append(_check("reward", False, reasons, start))
@@ -68,12 +92,13 @@ def dry_run(train: TrainConfig, stored: dict[str, Any], checks: list[dict[str, A
             warned = f"; warnings: {'; '.join(redacted(result['warnings']))}" if result["warnings"] else ""
             message = f"{len(result['samples'])} samples scored: {rewards}{warned}"
             checks.append(_check("reward", True, message, start))
-            estimate = estimate_step_s(train, outcome.train, result["timings"])
+            estimate = estimate_step_s(train, result["timings"])
             samples = train.reinforce.num_prompts_per_step * train.reinforce.num_rollouts_per_prompt
             message = (
                 f"an estimate, not a measure: about {estimate:.1f} s a step for {samples} samples of up to "
-                f"{train.generation.max_new_tokens} tokens, scaled from the try's generation and scoring (training "
-                "taken as twice the generation); on the worker's hardware it differs"
+                f"{train.generation.max_new_tokens} tokens, from a timed decode step of the step's batch and the "
+                "try's scoring (training taken as twice the generation), on the API server's CPU: a worker with a "
+                "GPU takes less"
             )
             checks.append(_check("step_time", True, message, start, 0.0))
         finally:

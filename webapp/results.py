@@ -5,7 +5,11 @@ event stream.
 
     id: 42
     event: status
+    created_at: 2026-11-22T19:00:00+00:00
     data: {"status": "running", "error": null, "step": 0}
+
+(`created_at`, when the event was recorded, UTC: a field EventSource ignores, as it does every field it does not
+know; the dashboard's event log shows it.)
 
 polled from the database every SSE_POLL_INTERVAL seconds (0.25) with a fresh session each time, starting after
 `Last-Event-ID` (the header a reconnecting EventSource sends) or `?last_event_id=`. The stream ends once the job is
@@ -19,6 +23,7 @@ A user may hold MAX_EVENT_STREAMS_PER_USER (4) streams at once in each API proce
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -279,7 +284,8 @@ def download_checkpoint(job_id: int, step: int):
 
 def _sse(event: Event) -> str:
     data = json.dumps(event.payload, separators=(",", ":"))
-    return f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n"
+    created = event.created_at.replace(tzinfo=dt.UTC) if event.created_at.tzinfo is None else event.created_at
+    return f"id: {event.id}\nevent: {event.kind}\ncreated_at: {created.isoformat()}\ndata: {data}\n\n"
 
 
 SSE_EVENT = {
@@ -287,6 +293,7 @@ SSE_EVENT = {
     "properties": {
         "id": {"type": "string", "description": "The event's id (send it back as Last-Event-ID)."},
         "event": {"type": "string", "description": "Its kind: status, log, checkpoint or health."},
+        "created_at": {"type": "string", "description": "When it was recorded: ISO 8601, UTC."},
         "data": {"type": "string", "description": "Its payload, JSON."},
     },
     "required": ["id", "event", "data"],

@@ -152,10 +152,16 @@ def _short(text: str) -> str:
     return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
 
 
-def run_try(train: TrainConfig, num_prompts: int, num_samples: int, timeout_s: float) -> TryOutcome:
+def run_try(
+    train: TrainConfig,
+    num_prompts: int,
+    num_samples: int,
+    timeout_s: float,
+    step_batch: tuple[int, int] | None = None,
+) -> TryOutcome:
     """`aligner try-reward --json` on `train` (max_new_tokens and threads capped) in a bounded subprocess, once its
     threads are free of the process's TRY_THREADS (else 503); TryFailed when it gives no result (a reward error, the
-    time limit, a crash)."""
+    time limit, a crash). `step_batch`: also time a decode step of a batch that wide (--time-step-batch)."""
     capacity = current_app.config["TRY_THREADS"]
     train = _bounded(train, capacity)
     threads = train.model.num_threads
@@ -167,17 +173,21 @@ def run_try(train: TrainConfig, num_prompts: int, num_samples: int, timeout_s: f
             "try again in a minute",
         )
     try:
-        return _run_try(train, num_prompts, num_samples, timeout_s)
+        return _run_try(train, num_prompts, num_samples, timeout_s, step_batch)
     finally:
         release()
 
 
-def _run_try(train: TrainConfig, num_prompts: int, num_samples: int, timeout_s: float) -> TryOutcome:
+def _run_try(
+    train: TrainConfig, num_prompts: int, num_samples: int, timeout_s: float, step_batch: tuple[int, int] | None
+) -> TryOutcome:
     with tempfile.TemporaryDirectory(prefix="aligner-try-") as tmp:
         config_path, out_path, err_path = Path(tmp) / "try.yaml", Path(tmp) / "out", Path(tmp) / "err"
         save_config(train.model_copy(update={"run_dir": str(Path(tmp) / "run")}), config_path)
         command = [sys.executable, "-m", "aligner.cli", "try-reward", "--config", str(config_path), "--json",
                    "--num-prompts", str(num_prompts), "--num-samples", str(num_samples)]  # fmt: skip
+        if step_batch is not None:
+            command += ["--time-step-batch", *map(str, step_batch)]
         with out_path.open("wb") as out, err_path.open("wb") as err:
             proc = subprocess.Popen(
                 command,

@@ -236,12 +236,14 @@ class JobRun:
                 return None, self.result(FAILED, error=job.error)
             where = starting_point(launch.resume_step)
             on = f" with GPU {self.devices.visible_devices}" if self.devices.devices else ""
+            host = self.owner.split(":", 1)[0]  # lease_owner(): host:pid:token
             add_event(
                 session,
                 job.id,
                 "log",
                 {
-                    "message": f"attempt {job.attempts} on {self.owner}{on}: training from {where}",
+                    # In a newcomer's words: the try's number and the machine (its host), not the lease's token.
+                    "message": f"started (try {job.attempts}) on machine {host}{on}: training from {where}",
                     "command": launch.command,
                 },
             )

@@ -105,7 +105,8 @@ BUILTIN_REWARDS: dict[str, BuiltinReward] = {
         BuiltinReward(
             "demo",
             "aligner.demo:reward",
-            "The demo task's reward: kind words minus unkind ones about the prompt's subject, in [-1.5, 1].",
+            "The demo task's reward: (kind - unkind adjectives) / adjectives of the response, 1 when all are kind, "
+            "-1 when all are unkind; 0.5 less when it never names the prompt's subject. From -1.5 to 1.",
             DemoParams,
         ),
         BuiltinReward(

@@ -8,6 +8,11 @@ that follows response length invites padding.
 
 A reward that raises, or returns the wrong count, NaN/inf or non-numbers, is a `RewardError` whose message says
 which and why.
+
+With `step_batch` (prompts, samples per prompt: one generation batch of a training step), the try also times a
+batch that wide, warm (after the try's own generation): its first token and STEP_TIMING_TOKENS decode steps. A
+step's generation costs about that per decode step whatever the try's own few samples cost, since a batch decodes
+its rows together (webapp/dry_run.py estimates a step from it).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from aligner.rewards.interface import check_rewards
 
 # |corr(reward, length)| at or above this is worth a warning: the reward may pay for length rather than content.
 LENGTH_CORR_WARNING = 0.8
+# Decode steps of the timing generation of `step_batch`: enough to average, few enough for a big batch on a CPU.
+STEP_TIMING_TOKENS = 8
 
 
 def _reward_source(config: TrainConfig) -> str:
@@ -63,12 +70,16 @@ def warnings_for(frac_zero: float, num_groups: int, corr: float, truncated: int,
     return out
 
 
-def try_reward(config: TrainConfig, num_prompts: int = 4, num_samples: int = 4) -> dict[str, Any]:
+def try_reward(
+    config: TrainConfig, num_prompts: int = 4, num_samples: int = 4, step_batch: tuple[int, int] | None = None
+) -> dict[str, Any]:
     """Score `num_samples` sampled responses to each of the first `num_prompts` training prompts.
 
     Returns {"samples": [{group, prompt, response, reward, length}], "groups": [{group, prompt, mean, std,
     zero_spread}], "reward_length_corr", "frac_zero_std_groups", "seconds", "warnings", "timings": {"load_s",
-    "generate_s", "score_s", "max_length"}} (timings: what a step-time estimate scales from)."""
+    "generate_s", "score_s", "max_length"}} (timings: what a step-time estimate scales from); with `step_batch`,
+    timings also has "batch_start_s" and "decode_step_s": a generation batch of that many prompts x samples takes
+    batch_start_s for its first token and decode_step_s for each next one."""
     from aligner.data.prompts import build_prompt_dataset, read_prompt_file
     from aligner.generation.engines import build_generator
     from aligner.modeling.device import bf16_emulation, resolve_device
@@ -109,6 +120,7 @@ def try_reward(config: TrainConfig, num_prompts: int = 4, num_samples: int = 4) 
         metadata = [data.metadata[int(g)] for g in group_ids]
         rewards = _score(client, prompts, gen.responses, metadata, source).flatten().cpu()
         scored = time.perf_counter()
+        batch = {} if step_batch is None else _time_step_batch(config, policy, tokenizer, data, step_batch, device)
     finally:
         client.close()
     rewards = check_rewards(rewards.tolist(), len(prompts), source)  # model and server rewards are checked here
@@ -147,8 +159,34 @@ def try_reward(config: TrainConfig, num_prompts: int = 4, num_samples: int = 4) 
             "generate_s": generated - loaded,
             "score_s": scored - generated,
             "max_length": int(lengths.max()) if lengths.numel() else 0,
+            **batch,
         },
     }
+
+
+def _time_step_batch(config: TrainConfig, policy, tokenizer, data, step_batch: tuple[int, int], device) -> dict:
+    """{"batch_start_s", "decode_step_s"} of a generation batch of `step_batch` (prompts, samples each; the try's
+    first prompt that many times): the seconds of a 1-token generation (the prompts' pass, the call's overhead), and
+    of each further decode step, from one of 1 + STEP_TIMING_TOKENS tokens (none may end early: the batch stays
+    that wide). The short one runs first: it also warms the batch's shapes up."""
+    from aligner.generation.engines import build_generator
+    from aligner.modeling.device import bf16_emulation
+    from aligner.modeling.hf import eos_token_ids
+
+    prompts, samples = step_batch
+    seconds = []
+    for tokens in (1, 1 + STEP_TIMING_TOKENS):
+        timed = config.generation.model_copy(
+            update={"compile": False, "max_new_tokens": tokens, "min_new_tokens": tokens}
+        )
+        generator = build_generator(
+            config.model_copy(update={"generation": timed}), policy, tokenizer, eos_token_ids(policy, tokenizer)
+        )
+        start = time.perf_counter()
+        with bf16_emulation(config.model.precision, device):
+            generator.generate([data.token_ids[0]] * prompts, samples, seed=config.seed)
+        seconds.append(time.perf_counter() - start)
+    return {"batch_start_s": seconds[0], "decode_step_s": max(0.0, seconds[1] - seconds[0]) / STEP_TIMING_TOKENS}
 
 
 def format_table(result: dict[str, Any], width: int = 60) -> str:

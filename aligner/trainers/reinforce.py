@@ -61,6 +61,7 @@ from aligner.metrics import (
     TIMER_STEP,
     TIMER_TRAIN,
     TIMER_VALIDATE,
+    TIMER_WALL,
     TRAIN_REWARD,
     VAL_PROPERLY_ENDED,
     VAL_RESPONSE_LENGTH,
@@ -440,6 +441,7 @@ class ReinforceTrainer:
                     self._give_up(err)
             # Signals reach the ranks at different moments: they agree on stopping, or one would wait for the others.
             stop = distributed.any_rank(self._stop_requested)
+            logged = time.perf_counter()  # when the previous step's metrics were logged (TIMER_WALL)
             while self.step < total and not stop:
                 position, updating, started = self.sampler.state_dict(), False, time.perf_counter()
                 try:
@@ -468,7 +470,9 @@ class ReinforceTrainer:
                         self.log.log_metrics(self.step, metrics)
                         self._give_up(err)
                         break
-                timers = {**self.timers.pop(), TIMER_STEP: time.perf_counter() - started}
+                now = time.perf_counter()
+                timers = {**self.timers.pop(), TIMER_STEP: now - started, TIMER_WALL: now - logged}
+                logged = now
                 metrics.update(distributed.max_over_ranks(timers))  # a step waits for its slowest rank
                 metrics.update(throughput_metrics(rollout.batch, metrics[TIMER_STEP]))
                 self.log.log_metrics(self.step, metrics)

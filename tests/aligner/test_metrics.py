@@ -56,6 +56,7 @@ USER_VISIBLE = [
     "timers/refit",
     "timers/validate",
     "timers/step",
+    "timers/wall",
     "train/loss",
     "train/accuracy",
     "train/margin",

@@ -112,7 +112,14 @@ TRY_RESULT = {
     "reward_length_corr": 0.0,
     "frac_zero_std_groups": 1.0,
     "warnings": [],
-    "timings": {"load_s": 1.0, "generate_s": 0.4, "score_s": 0.04, "max_length": 8},
+    "timings": {
+        "load_s": 1.0,
+        "generate_s": 0.4,
+        "score_s": 0.04,
+        "max_length": 8,
+        "batch_start_s": 0.05,
+        "decode_step_s": 0.01,
+    },
 }
 
 
@@ -121,7 +128,7 @@ def api(app, client, db_session, token, config, monkeypatch) -> Iterator[dict]:
     """How the fuzzer calls the app (the test's `app`, as an admin: every operation is open to it). A reward try
     (POST /rewards/try, a dry run) answers a canned result: a real one starts a process that loads a model."""
 
-    def fake_try(train, num_prompts, num_samples, timeout_s):
+    def fake_try(train, num_prompts, num_samples, timeout_s, step_batch=None):
         return rewards_try.TryOutcome(TRY_RESULT, rewards_try._bounded(train))
 
     monkeypatch.setattr(rewards_try, "run_try", fake_try)

@@ -89,7 +89,8 @@ def test_the_smaller_of_batch_and_prompts_is_what_decodes_at_once(client, token,
 
 # ------------------------------------------------------------------------------------------------- reward tries
 TRY_RESULT = {"samples": [], "groups": [], "reward_length_corr": None, "frac_zero_std_groups": 0.0, "warnings": [],
-              "timings": {"load_s": 0.1, "generate_s": 0.1, "score_s": 0.1, "max_length": 1}}  # fmt: skip
+              "timings": {"load_s": 0.1, "generate_s": 0.1, "score_s": 0.1, "max_length": 1, "batch_start_s": 0.1,
+                          "decode_step_s": 0.1}}  # fmt: skip
 
 
 @pytest.fixture
@@ -97,7 +98,7 @@ def tried(monkeypatch, app):
     """The threads each try ran with (the subprocess stood in for), and the budget's threads in use meanwhile."""
     runs = []
 
-    def fake(train, num_prompts, num_samples, timeout_s):
+    def fake(train, num_prompts, num_samples, timeout_s, step_batch=None):
         runs.append((train.model.num_threads, app.extensions[rewards_try.TRY_THREADS_EXTENSION].used))
         return rewards_try.TryOutcome(TRY_RESULT, train)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import time
@@ -13,6 +14,7 @@ from tests.helpers.api import bearer, both_backends, create_job
 from webapp.db import (
     ApiToken,
     Checkpoint,
+    Event,
     Job,
     Metric,
     Sample,
@@ -25,12 +27,14 @@ from webapp.db import (
 
 
 def parse_sse(text: str) -> list[dict]:
-    """The events of a text/event-stream body: [{"id": int, "event": str, "data": obj}], comments left out."""
+    """The events of a text/event-stream body: [{"id": int, "event": str, "data": obj, "created_at": str}], comments
+    left out."""
     events = []
     for block in text.split("\n\n"):
         fields = dict(line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":"))
         if "data" in fields:
-            events.append({"id": int(fields["id"]), "event": fields["event"], "data": json.loads(fields["data"])})
+            event = {"id": int(fields["id"]), "event": fields["event"], "data": json.loads(fields["data"])}
+            events.append({**event, **({"created_at": fields["created_at"]} if "created_at" in fields else {})})
     return events
 
 
@@ -179,6 +183,12 @@ def test_event_stream_sends_events_then_ends_when_the_job_is_final(client, token
         ("status", "succeeded"),
     ]
     assert events[2]["data"] == {"step": 1, "train_rollouts/rewards": 0.5}
+    # Each event says when it was recorded, in UTC (the dashboard's event log shows it).
+    with db_session() as session:
+        recorded = {e.id: e.created_at for e in session.scalars(select(Event).where(Event.job_id == job["id"]))}
+    for event in events:
+        created = dt.datetime.fromisoformat(event["created_at"])
+        assert created.utcoffset() == dt.timedelta(0) and created.replace(tzinfo=None) == recorded[event["id"]]
     assert [e["id"] for e in events] == sorted(e["id"] for e in events)
     assert time.monotonic() - started < 2
 

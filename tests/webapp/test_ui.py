@@ -144,11 +144,13 @@ def test_parse_sse_and_event_log_keep_status_checkpoint_and_log_events():
         'id: 1\nevent: status\ndata: {"status":"queued","error":null,"step":0}\n\n'
         ": heartbeat\n\n"
         'id: 2\nevent: metrics\ndata: {"step":1}\n\n'
-        'id: 3\nevent: checkpoint\ndata: {"step":2,"path":"x"}\n\n'
+        'id: 3\nevent: checkpoint\ncreated_at: 2026-11-22T19:00:00+00:00\ndata: {"step":2,"path":"x"}\n\n'
     )
     events = api.parse_sse(text)
     assert [(e["id"], e["kind"]) for e in events] == [(1, "status"), (2, "metrics"), (3, "checkpoint")]
-    assert job_view.event_log(events).splitlines() == ["step 2: checkpoint saved", "queued"]  # newest first
+    assert events[2]["created_at"] == "2026-11-22T19:00:00+00:00" and "created_at" not in events[0]
+    # newest first; an event without a time (an older API's) shows none
+    assert job_view.event_log(events).splitlines() == ["19:00:00 UTC · step 2: checkpoint saved", "queued"]
     assert job_view.event_log([]) == "(no events yet)"
 
 

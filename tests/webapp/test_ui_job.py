@@ -112,11 +112,15 @@ BODY = {
         "train_rollouts/init_policy_kl": [[11, 0.02], [12, 0.03]],
         "train_rollouts/reward_length_corr": [[1, 0.2]],
         "train_rollouts/frac_zero_std_groups": [[1, 0.5]],
-        "timers/generate": [[11, 1.5], [12, 2.5]],
+        "timers/generate": [[11, 1.5], [12, 1.5]],
         "timers/train": [[11, 0.5], [12, 0.5]],
+        "timers/step": [[11, 2.2], [12, 2.2]],  # the phases and more; not their sum with them
+        "timers/wall": [[11, 2.4], [12, 2.6]],  # the step and the checkpoint after the one before
     }
 }
-JOB = {"id": 7, "name": "run", "status": "running", "step": 12, "max_steps": 100, "algorithm": "reinforce"}
+GOLD_CONFIG = {"validation": {"extra_rewards": {"rule": {"function": "demo"}}}}
+JOB = {"id": 7, "name": "run", "status": "running", "step": 12, "max_steps": 100, "algorithm": "reinforce",
+       "config": GOLD_CONFIG}  # fmt: skip
 
 
 def test_job_charts_show_what_has_data_and_label_gold_rewards():
@@ -134,13 +138,22 @@ def test_job_charts_show_what_has_data_and_label_gold_rewards():
 def test_summary_numbers_from_hand_made_metrics():
     assert job_view.best_validation(BODY) == (0.6, 4)  # the earliest of a tie
     assert job_view.reward_change(BODY) == pytest.approx(1.0 - 0.3)
-    assert job_view.seconds_per_step(JOB, BODY) == pytest.approx((2.0 + 3.0) / 2)  # timers summed by step
+    # The speed: the mean wall time between steps (timers/wall), never the phases summed with the step.
+    assert job_view.seconds_per_step(JOB, BODY) == pytest.approx(2.5)
+    no_wall = {"metrics": {k: v for k, v in BODY["metrics"].items() if k != "timers/wall"}}
+    assert job_view.seconds_per_step(JOB, no_wall) == pytest.approx(2.2)  # a run logged before timers/wall
     started = {**JOB, "started_at": "2026-11-22T18:59:00+00:00"}
     assert job_view.seconds_per_step(started, {"metrics": {}}, NOW) == pytest.approx(60 / 12)
     summary = job_view.run_summary(JOB, BODY, [])
     assert "best validation reward **0.6** (step 4)" in summary
     assert "train reward change **+0.7**" in summary and "KL **0.03**" in summary
     assert "**0.4** steps/s" in summary and "about **3 min 40 s** left" in summary  # 88 steps x 2.5 s
+    # The gold reward, first -> latest, and what it measures (the built-in's own words).
+    assert "gold reward rule **0 → 1** (validation, step 0 → 4)" in summary
+    assert "*Gold reward rule*: The demo task's reward: (kind - unkind adjectives) / adjectives" in summary
+    assert "rising while the gold falls" in summary
+    served = {**JOB, "config": {"validation": {"extra_rewards": {"rule": {"server": "judge"}}}}}
+    assert "*Gold reward rule*: Scored by server judge." in job_view.run_summary(served, BODY, [])
     assert "left" not in job_view.run_summary({**JOB, "status": "succeeded"}, BODY, [])
     assert job_view.duration(3900) == "1 h 5 min"
 
@@ -161,7 +174,7 @@ def test_the_event_log_in_words():
     traceback = "Traceback (most recent call last):\n  File x, line 1\nValueError: bad"
     events = [
         {"id": 1, "kind": "status", "data": {"status": "queued", "error": None, "step": 0}},
-        {"id": 2, "kind": "log", "data": {"message": "attempt 1 on worker-a: training from scratch", "command": []}},
+        {"id": 2, "kind": "log", "data": {"message": "started (try 1) on machine a: training from scratch"}},
         {"id": 3, "kind": "log", "data": {"message": "critic server started at http://h:1 (log: x)"}},
         {"id": 4, "kind": "metrics", "data": {"step": 1, "metrics": {}}},
         {"id": 5, "kind": "checkpoint", "data": {"step": 40, "path": "/x"}},
@@ -176,12 +189,43 @@ def test_the_event_log_in_words():
         "step 41: health: length hacking — length up, reward flat (job paused)",
         "step 40: checkpoint saved",
         "critic server started at http://h:1 (log: x)",
-        "attempt 1 on worker-a: training from scratch",
+        "started (try 1) on machine a: training from scratch",
         "queued",
     ]
     assert "{" not in job_view.event_log(events)  # no JSON
     cleared = {"id": 9, "kind": "health", "data": {"alarm": "kl_growth", "state": "cleared", "step": 50}}
     assert job_view.describe_event(cleared) == "step 50: health: KL growth cleared"
+
+
+def test_each_event_log_line_starts_with_its_time_in_utc():
+    events = [
+        {"id": 1, "kind": "status", "data": {"status": "queued"}, "created_at": "2026-11-22T18:59:58+00:00"},
+        {"id": 2, "kind": "log", "data": {"message": "started (try 1) on machine a: training from the beginning"},
+         "created_at": "2026-11-22T18:59:59.5+00:00"},
+        {"id": 3, "kind": "metrics", "data": {"step": 1}, "created_at": "2026-11-22T19:00:01+00:00"},
+        {"id": 4, "kind": "checkpoint", "data": {"step": 2}, "created_at": "2026-11-22T20:00:05+01:00"},
+    ]  # fmt: skip
+    assert job_view.event_log(events).splitlines() == [
+        "19:00:05 UTC · step 2: checkpoint saved",  # given in +01:00, shown in UTC
+        "18:59:59 UTC · started (try 1) on machine a: training from the beginning",
+        "18:59:58 UTC · queued",
+    ]
+    resumed = {"id": 5, "kind": "status", "data": {"status": "running"}, "created_at": "2026-11-23T08:00:00+00:00"}
+    assert job_view.event_log([*events, resumed]).splitlines()[:2] == [
+        "Nov 23 08:00:00 UTC · running",  # the log spans two days: each line says which
+        "Nov 22 19:00:05 UTC · step 2: checkpoint saved",
+    ]
+
+
+def test_the_reward_change_waits_until_its_two_windows_are_apart():
+    """The first and last HEAD_TAIL steps overlap before 2 x HEAD_TAIL steps: no change shown until then."""
+    body = {"metrics": {"train_rollouts/rewards": [[s, 0.1 * s] for s in range(1, 7)]}}
+    assert job_view.reward_change(body) is None
+    summary = job_view.run_summary({**JOB, "step": 6}, body, [])
+    assert "train reward change n/a until step 10" in summary and "**+" not in summary
+    body["metrics"]["train_rollouts/rewards"] += [[s, 0.1 * s] for s in range(7, 11)]
+    assert job_view.reward_change(body) == pytest.approx(0.5)  # steps 6-10 against 1-5
+    assert "n/a" not in job_view.run_summary({**JOB, "step": 10}, body, [])
 
 
 def test_an_empty_job_page_says_why():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import socket
 import sys
 
 import pytest
@@ -290,7 +291,9 @@ def test_a_torn_newest_checkpoint_is_skipped_and_what_follows_the_one_before_is_
         "level": "warning",
         "step": 4,
     }
-    assert logs[1]["message"].endswith("training from checkpoint step 2")
+    # In plain words: the try's number and the machine, not the lease's host:pid:token.
+    host = socket.gethostname()
+    assert logs[1]["message"] == f"started (try 1) on machine {host}: training from checkpoint step 2"
 
 
 # A trainer that logs a KL of 2 a step (50 ms each) and, told SIGTERM, stops at the step boundary with a checkpoint;

@@ -114,7 +114,8 @@ class Api:
 
 
 def parse_sse(text: str) -> list[dict]:
-    """Server-Sent Events text -> [{"id", "kind", "data"}] (comments and the retry field skipped)."""
+    """Server-Sent Events text -> [{"id", "kind", "data", "created_at"}] (comments and the retry field skipped;
+    created_at only where the event has one)."""
     events = []
     for block in text.split("\n\n"):
         fields: dict[str, str] = {}
@@ -127,5 +128,8 @@ def parse_sse(text: str) -> list[dict]:
                 data = json.loads(fields["data"])
             except ValueError:
                 data = fields["data"]
-            events.append({"id": int(fields.get("id", 0)), "kind": fields.get("event", "message"), "data": data})
+            event = {"id": int(fields.get("id", 0)), "kind": fields.get("event", "message"), "data": data}
+            if fields.get("created_at"):
+                event["created_at"] = fields["created_at"]
+            events.append(event)
     return events

@@ -1,6 +1,9 @@
 """What the Job page and Compare show, from API JSON: the charts' data, the run's summary (best validation, change in
-reward, speed, time left, alarms), the event log in words, and the differences between compared jobs (config, reward
-scale). Pure functions, tested without a browser."""
+reward, gold rewards and what they measure, speed, time left, alarms), the event log in words with each event's time,
+and the differences between compared jobs (config, reward scale). Pure functions, tested without a browser.
+
+The speed is the trainer's wall time between two steps' metrics (timers/wall: the step, its validation, the
+checkpoint and logging in between), never the sum of the phase timers, which overlap timers/step."""
 
 from __future__ import annotations
 
@@ -16,18 +19,25 @@ from aligner.metrics import (
     INIT_POLICY_KL,
     OPTIM_PREFIX,
     ROLLOUTS_PREFIX,
+    TIMER_STEP,
+    TIMER_WALL,
     TIMERS_PREFIX,
     TRAIN_REWARD,
     VAL_PREFIX,
     VAL_REWARD,
     chart_of,
+    is_gold_reward,
 )
+from aligner.rewards.builtins import BUILTIN_REWARDS, builtin_for_target
 from webapp.ui.frames import alarm_words, metrics_frame
 
 ACTIVE = ("queued", "running", "cancelling")
 HEAD_TAIL = 5  # steps averaged at each end for the change in train reward
 GOLD_LABEL = "gold: "  # a gold reward's legend label: GOLD_LABEL + its name
 GOLD_AXIS_TITLE = "gold reward"
+SPEED_WINDOW = 10  # the latest steps whose timers/wall make the speed (a validation step among them counts)
+EVENT_TIME = "%H:%M:%S"  # an event's time in the log, UTC; with EVENT_DAY first when the log spans days
+EVENT_DAY = "%b %d "
 
 
 def series_label(name: str) -> str:
@@ -105,36 +115,66 @@ def best_validation(body: dict) -> tuple[float, int] | None:
 
 
 def reward_change(body: dict) -> float | None:
-    """Mean train reward of the last HEAD_TAIL steps less that of the first HEAD_TAIL (None before 2 steps)."""
+    """Mean train reward of the last HEAD_TAIL steps less that of the first HEAD_TAIL; None until the two windows
+    are apart (2 x HEAD_TAIL steps): overlapping, they share steps and understate the change."""
     values = [v for _s, v in sorted(_values(body, TRAIN_REWARD))]
-    if len(values) < 2:
+    if len(values) < 2 * HEAD_TAIL:
         return None
     head, tail = values[:HEAD_TAIL], values[-HEAD_TAIL:]
     return sum(tail) / len(tail) - sum(head) / len(head)
 
 
+def reward_change_from(body: dict) -> int | None:
+    """The step from which `reward_change` has a value (None once it has, or before the first step)."""
+    steps = sorted(s for s, _v in _values(body, TRAIN_REWARD))
+    if not steps or len(steps) >= 2 * HEAD_TAIL:
+        return None
+    return steps[0] + 2 * HEAD_TAIL - 1
+
+
+def gold_rewards(body: dict) -> dict[str, tuple[tuple[int, float], tuple[int, float]]]:
+    """{name: ((first step, value), (latest step, value))} of each gold reward (val/extra_rewards/NAME) logged."""
+    out = {}
+    for metric in sorted(n for n in _metrics(body) if is_gold_reward(n)):
+        points = sorted(_values(body, metric))
+        if points:
+            out[metric.removeprefix(GOLD_REWARD_PREFIX)] = (points[0], points[-1])
+    return out
+
+
+def gold_meaning(config: dict, name: str) -> str:
+    """What gold reward `name` of a job's config measures, in a sentence: a built-in's description, else its
+    source."""
+    reward = ((config or {}).get("validation") or {}).get("extra_rewards", {}).get(name) or {}
+    function = str(reward.get("function") or "")
+    builtin = BUILTIN_REWARDS.get(function) or builtin_for_target(function)
+    if builtin:
+        return builtin.description
+    source = reward_source({"reward": reward})
+    return f"Scored by {source}." if source != "unknown" else "A reward of its own."
+
+
 def seconds_per_step(job: dict, body: dict, now: dt.datetime | None = None) -> float | None:
-    """From the timers (the sum of the phases, mean of the last HEAD_TAIL steps), else the time since the job
-    started over its steps."""
-    per_step: dict[int, float] = {}
-    for name, points in _metrics(body).items():
-        if name.startswith(TIMERS_PREFIX):
-            for step, value in points:
-                if value is not None:
-                    per_step[int(step)] = per_step.get(int(step), 0.0) + float(value)
-    if per_step:
-        recent = [per_step[s] for s in sorted(per_step)[-HEAD_TAIL:]]
-        total = sum(recent) / len(recent)
-        return total if total > 0 else None
+    """The mean of timers/wall (the wall time from one step's metrics to the next's, checkpoints included) over the
+    last SPEED_WINDOW steps; for a run logged without it, of timers/step (the step alone); without either, the time
+    since the job started over its steps."""
+    timed = [v for _s, v in sorted(_values(body, TIMER_WALL) or _values(body, TIMER_STEP))[-SPEED_WINDOW:]]
+    if timed:
+        mean = sum(timed) / len(timed)
+        return mean if mean > 0 else None
     started, step = job.get("started_at"), job.get("step") or 0
     if not started or step < 1:
         return None
-    then = dt.datetime.fromisoformat(started)
-    then = then if then.tzinfo else then.replace(tzinfo=dt.UTC)
+    then = _utc(started)
     ended = job.get("finished_at")
-    end = dt.datetime.fromisoformat(ended) if ended else (now or dt.datetime.now(dt.UTC))
-    end = end if end.tzinfo else end.replace(tzinfo=dt.UTC)
+    end = _utc(ended) if ended else (now or dt.datetime.now(dt.UTC))
     return max(0.0, (end - then).total_seconds()) / step or None
+
+
+def _utc(text: str) -> dt.datetime:
+    """An API time (ISO 8601; a naive one is UTC, as the database keeps it) as an aware datetime in UTC."""
+    when = dt.datetime.fromisoformat(text)
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
 
 
 def duration(seconds: float) -> str:
@@ -180,8 +220,9 @@ def first_line(text: str | None) -> str:
 
 
 def run_summary(job: dict, body: dict, events: list[dict], now: dt.datetime | None = None) -> str:
-    """The Job page's header (Markdown): name, status, progress, best validation, change in train reward, latest KL,
-    speed, time left, alarms, the open server wait, the error's first line."""
+    """The Job page's header (Markdown): name, status, progress, best validation, change in train reward, each gold
+    reward (first -> latest validation) and what it measures, latest KL, speed, time left, alarms, the open server
+    wait, the error's first line."""
     from webapp.ui.frames import server_waiting
 
     algorithm = job.get("algorithm") or "reinforce"
@@ -191,9 +232,16 @@ def run_summary(job: dict, body: dict, events: list[dict], now: dt.datetime | No
     best = best_validation(body)
     if best:
         facts.append(f"best validation reward **{best[0]:.4g}** (step {best[1]})")
-    change = reward_change(body)
+    change, change_from = reward_change(body), reward_change_from(body)
     if change is not None:
         facts.append(f"train reward change **{change:+.4g}** (first vs last {HEAD_TAIL} steps)")
+    elif change_from is not None:
+        facts.append(f"train reward change n/a until step {change_from}")
+    golds = gold_rewards(body)
+    for name, ((first_step, first), (latest_step, latest)) in golds.items():
+        facts.append(
+            f"gold reward {name} **{first:.4g} → {latest:.4g}** (validation, step {first_step} → {latest_step})"
+        )
     kl = _values(body, INIT_POLICY_KL)
     if kl:
         facts.append(f"KL **{sorted(kl)[-1][1]:.4g}**")
@@ -204,6 +252,12 @@ def run_summary(job: dict, body: dict, events: list[dict], now: dt.datetime | No
         if status in ACTIVE and left:
             facts.append(f"about **{duration(left * per_step)}** left")
     lines.append(" · ".join(facts))
+    for name in golds:
+        lines.append(
+            f"*Gold reward {name}*: {gold_meaning(job.get('config') or {}, name)} It scores the validation answers "
+            "beside the run's own reward: the run's reward rising while the gold falls means the policy games its "
+            "reward."
+        )
     badges = alarm_badges(job, events)
     if badges:
         lines.append(" ".join(f"`{badge}`" for badge in badges))
@@ -242,10 +296,21 @@ def describe_event(event: dict) -> str | None:
     return f"{kind}: {words}"
 
 
+def event_time(event: dict, with_day: bool = False) -> str:
+    """When the API recorded the event (its `created_at`), short and in UTC: "19:00:05 UTC" ("Nov 22 19:00:05 UTC"
+    `with_day`); "" when the event has no time."""
+    created = event.get("created_at")
+    if not created:
+        return ""
+    return _utc(str(created)).strftime((EVENT_DAY if with_day else "") + EVENT_TIME) + " UTC"
+
+
 def event_log(events: list[dict], last: int = 200) -> str:
-    """The job's events in words, newest first."""
-    lines = [line for line in (describe_event(e) for e in events) if line]
-    return "\n".join(reversed(lines[-last:])) or "(no events yet)"
+    """The job's events in words, newest first, each after its time (with the day when they span more than one)."""
+    described = [(e, line) for e in events if (line := describe_event(e))][-last:]
+    days = {_utc(str(e["created_at"])).date() for e, _line in described if e.get("created_at")}
+    lines = [" · ".join(filter(None, (event_time(e, len(days) > 1), line))) for e, line in described]
+    return "\n".join(reversed(lines)) or "(no events yet)"
 
 
 def waiting_message(job: dict) -> str:
@@ -288,9 +353,11 @@ def _show(value: Any) -> str:
 
 
 def reward_source(config: dict) -> str:
-    """ "function NAME", "model PATH" or "server URL" from a job's config."""
+    """ "function NAME", "model NAME" or "server NAME" from a job's config (the API's catalogue names, or
+    aligner's model_path and server_url)."""
     reward = (config or {}).get("reward") or {}
-    for key, word in (("function", "function"), ("model_path", "model"), ("server_url", "server")):
+    keys = ("function", "function"), ("model", "model"), ("model_path", "model"), ("server", "server")
+    for key, word in (*keys, ("server_url", "server")):
         if reward.get(key):
             return f"{word} {reward[key]}"
     return "unknown"
