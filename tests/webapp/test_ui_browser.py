@@ -79,11 +79,11 @@ def test_dashboard_signs_in_submits_follows_and_cancels(browser_stack, browser_p
     for elem_id, value in {"cat-m-name": "ui-tiny", "cat-m-path": tiny_policy_dir}.items():
         fill(page, elem_id, value)
     page.click("#cat-m-add")
-    wait_text(page, "cat-msg", "Registered model ui-tiny", 30)
+    wait_text(page, "cat-m-msg", "Registered model ui-tiny", 30)
     for elem_id, value in {"cat-s-name": "ui-reward", "cat-s-url": browser_stack["reward_url"]}.items():
         fill(page, elem_id, value)
     page.click("#cat-s-add")
-    wait_text(page, "cat-msg", "Registered reward server ui-reward", 30)
+    wait_text(page, "cat-s-msg", "Registered reward server ui-reward", 30)
     assert "ui-tiny" in text(page, "cat-models") and "ui-reward" in text(page, "cat-servers")
     page.screenshot(path=ARTIFACTS / "ui-catalogue.png", full_page=True)
 

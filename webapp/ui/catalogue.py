@@ -2,7 +2,8 @@
 and datasets, labelled for people, valued as the API names them) and the Catalogue tab's tables and actions (admins).
 
 Everything comes from the API (GET /catalogue/..., GET /datasets); nothing here reads the server's disk. The API
-decides who may do what: a non-admin's register or remove comes back as a 403, shown as such.
+decides who may do what: a non-admin's register or remove comes back as a 403, shown as such. A removal is asked
+first (`removal_question`): it says what goes and what becomes of the jobs that name the entry.
 """
 
 from __future__ import annotations
@@ -31,9 +32,17 @@ DATASET_PICKS = ("train_dataset", "val_dataset")
 OWN_TOKENIZER = ("(the policy's own)", "")
 # The Catalogue tab's "remove" choices -> the API's list.
 ENTRY_LISTS = {"model": "models", "reward function": "reward-functions", "server": "servers"}
+# What a removal leaves alone, by kind: the API deletes the catalogue row only.
+LEFT_ALONE = {
+    "model": "Its folder on the server is left alone.",
+    "reward function": "Its code is left alone.",
+    "server": "The server itself keeps running.",
+}
 
 MODEL_COLUMNS = ["name", "kind", "architecture", "parameters", "size", "description", "path"]
 FUNCTION_COLUMNS = ["name", "built-in", "description", "target"]
+# The reward functions' column widths: the description wraps in the widest, so the target stays on screen.
+FUNCTION_WIDTHS = ("16%", "9%", "45%", "30%")
 SERVER_COLUMNS = ["name", "kind", "model name", "description", "url"]
 DATASET_COLUMNS = ["id", "name", "prompts", "size", "shared", "yours"]
 
@@ -223,6 +232,17 @@ def register_server(api: Api, name: str, url: str, kind: str, model_name: str = 
         body["model_name"] = _text(model_name)
     entry = api.post("/catalogue/servers", body)
     return f"Registered {entry['kind']} server **{entry['name']}** at {entry.get('url')}."
+
+
+def removal_question(what: str, name: str) -> str:
+    """The question Remove asks before removing entry `name` of kind `what`: what goes and what becomes of the jobs
+    that name it (every launch, a resume or retry included, checks the job's names again: webapp/job_config.py
+    `launch_config`)."""
+    return (
+        f"**Remove {what} {_text(name)} from the catalogue?** New jobs can no longer name it, and jobs that name it "
+        "are refused when they next start (queued ones, a resume, a retry); running jobs go on and finished ones "
+        f"keep their results. {LEFT_ALONE[what]}"
+    )
 
 
 def remove_entry(api: Api, what: str, name: str) -> str:

@@ -1,6 +1,12 @@
 """The Compare tab: one metric of several of your jobs on one chart, whatever their algorithms (the same names mean
 the same), the differences of their configs, a warning when their rewards are on different scales, and their answers
-to one validation prompt at one step side by side."""
+to one validation prompt at one step side by side.
+
+The Jobs drop-down holds only ids among its choices (your jobs, as GET /jobs lists them): Gradio refuses every later
+event that sends it a value outside them, the timer's refresh included, with an error toast each tick. So **Add the
+selected job** asks the API first (GET /jobs/{id}) and says beside the button, once, when the job is not yours or does
+not exist; a job that leaves your list (deleted) leaves the picked ones with it. An admin compares only their own
+jobs: the API gives a job's metrics and samples to its owner only (GET /admin/jobs/{id} has neither)."""
 
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ from webapp.ui.job_view import (
 )
 from webapp.ui.tabs import Session, job_id_of
 
+NOT_YOURS = "Job {jid} does not exist or is not yours."
+
 
 def not_found(jid: int, err: ApiError) -> str:
     return f"job {jid} does not exist or is not yours" if err.status == 404 else f"job {jid}: {err.message}"
@@ -34,6 +42,29 @@ def step_of(value) -> int | None:
         return int(value) if value not in (None, "") else None
     except (TypeError, ValueError):
         return None
+
+
+def add_job(api, ids: list, selected) -> dict[str, Any]:
+    """What **Add the selected job** does with the picked `ids` and the `selected` job: {"choices": your jobs'
+    [(label, id)] for the drop-down, or None to leave them; "value": the ids picked then; "message": why the job was
+    not added ("" when it was)}. The value never holds an id outside the choices sent with it, nor one twice."""
+    wanted = [i for i in (job_id_of(x) for x in ids or []) if i is not None]
+    jid = job_id_of(selected)
+    if jid is None:
+        return {"choices": None, "value": wanted, "message": "Select a job first (a row of the Jobs tab)."}
+    if jid in wanted:
+        return {"choices": None, "value": wanted, "message": f"Job {jid} is already compared."}
+    try:
+        job = api.get(f"/jobs/{jid}")
+        listed = api.get_all("/jobs")
+    except ApiError as err:
+        message = NOT_YOURS.format(jid=jid) if err.status == 404 else f"Job {jid} was not added: {err.message}"
+        return {"choices": None, "value": wanted, "message": message}
+    choices = [job_choice(item) for item in listed]
+    if jid not in [value for _label, value in choices]:  # past the pages get_all reads
+        choices.append(job_choice(job))
+    values = {value for _label, value in choices}
+    return {"choices": choices, "value": [i for i in wanted if i in values] + [jid], "message": ""}
 
 
 def compare_view(api, ids: list[int], metric: str) -> dict[str, Any]:
@@ -70,7 +101,9 @@ def compare_tab(session: Session) -> None:
     with gr.Tab("Compare", id="compare") as tab:
         with gr.Row():
             c_jobs = gr.Dropdown([], value=[], multiselect=True, label="Jobs", elem_id="c-jobs", scale=4)
-            c_add = gr.Button("Add the selected job", elem_id="c-add", scale=1)
+            with gr.Column(scale=1, min_width=160):
+                c_add = gr.Button("Add the selected job", elem_id="c-add")
+                c_add_msg = gr.Markdown(elem_id="c-add-msg")
             c_metric = gr.Dropdown(
                 list(COMPARE_METRICS),
                 value=COMPARE_METRICS[0],
@@ -111,6 +144,12 @@ def compare_tab(session: Session) -> None:
         # The list's choices only, and only when they changed: an update re-renders the drop-down, closing it under
         # the user's pointer, and a value sent back could undo a pick made meanwhile.
         jobs_update = gr.update(choices=choices) if not drawn or drawn[0] != choices else gr.skip()
+        listed_ids = {value for _label, value in choices}
+        if jobs_update != gr.skip() and any(i not in listed_ids for i in wanted):
+            # A picked job left the list (deleted): kept, it would be refused on every later event.
+            wanted = [i for i in wanted if i in listed_ids]
+            jobs_update = gr.update(choices=choices, value=wanted)
+            key[1], key[3] = wanted, [progress.get(i) for i in wanted]
         if not wanted or not metric:
             cleared = gr.update(choices=[], value=None)
             message = f"Pick two or more of your {len(choices)} jobs (or add the selected one)."
@@ -146,17 +185,21 @@ def compare_tab(session: Session) -> None:
         except ApiError:
             return gr.update(), gr.update()
 
-    def add_selected(ids: list, selected):
-        jid = job_id_of(selected)
-        wanted = [i for i in (job_id_of(x) for x in ids or []) if i is not None]
-        return gr.update(value=wanted + [jid] if jid is not None and jid not in wanted else wanted)
+    def add_selected(token: str, ids: list, selected):
+        """[the Jobs drop-down, the message beside the button]."""
+        if not token:
+            return gr.skip(), "Sign in first."
+        added = add_job(session.api(token), ids, selected)
+        if added["choices"] is None:
+            return gr.skip(), added["message"]
+        return gr.update(choices=added["choices"], value=added["value"]), added["message"]
 
     inputs = [session.token, c_jobs, c_metric, c_step, c_prompt, seen]
     session.every_tick(refresh_compare, inputs, view_outputs, tab="compare")
     session.follow_tab(tab, "compare", refresh_compare, inputs, view_outputs)
     for trigger in (c_jobs.change, c_metric.change):
         trigger(refresh_compare, inputs, view_outputs, show_progress="hidden")
-    c_add.click(add_selected, [c_jobs, session.job_id], [c_jobs])
+    c_add.click(add_selected, [session.token, c_jobs, session.job_id], [c_jobs, c_add_msg])
     answer_inputs = [session.token, c_jobs, c_step, c_prompt]
     for trigger in (c_step.change, c_prompt.change):
         trigger(refresh_answers, answer_inputs, [c_prompt, c_answers], show_progress="hidden")

@@ -208,9 +208,19 @@ def catalogue_view(session: Session, token: str) -> list:
     return [gr.update(visible=True), "", *tables]
 
 
+def ask_to_remove(what: str, name: str) -> list:
+    """[the confirmation row, its question, the message under the form, the entry asked about]: Remove only asks;
+    the confirmation removes the entry asked about, whatever the form holds by then."""
+    if what not in catalogue.ENTRY_LISTS or not str(name or "").strip():
+        return [gr.update(visible=False), "", "Give the name of the entry to remove.", None]
+    return [gr.update(visible=True), catalogue.removal_question(what, name), "", [what, str(name).strip()]]
+
+
 def catalogue_tab(session: Session) -> None:
     """Admins only (hidden for others): the models, reward functions and servers jobs may use, and the datasets the
-    admin sees; register or remove an entry, share or unshare a dataset. The API checks every change itself."""
+    admin sees; register or remove an entry (after a confirmation that says what it does), share or unshare a
+    dataset. Each action's outcome shows under its own form, where the button was clicked. The API checks every
+    change itself."""
     with gr.Tab("Catalogue", id="catalogue", visible=False) as tab:
         gr.Markdown(
             "What jobs may name: models (Hugging Face folders on the API's server), reward functions "
@@ -223,7 +233,12 @@ def catalogue_tab(session: Session) -> None:
         empty = catalogue.empty_tables()
         models = gr.Dataframe(empty["models"], interactive=False, wrap=True, label="Models", elem_id="cat-models")
         functions = gr.Dataframe(
-            empty["functions"], interactive=False, wrap=True, label="Reward functions", elem_id="cat-functions"
+            empty["functions"],
+            interactive=False,
+            wrap=True,
+            label="Reward functions",
+            elem_id="cat-functions",
+            column_widths=list(catalogue.FUNCTION_WIDTHS),
         )
         servers = gr.Dataframe(empty["servers"], interactive=False, wrap=True, label="Servers", elem_id="cat-servers")
         datasets = gr.Dataframe(
@@ -236,12 +251,14 @@ def catalogue_tab(session: Session) -> None:
             m_kind = gr.Dropdown(list(catalogue.MODEL_KINDS), value="policy", label="Kind", elem_id="cat-m-kind")
             m_desc = gr.Textbox(label="Description", elem_id="cat-m-desc", scale=2)
             m_add = gr.Button("Register model", elem_id="cat-m-add")
+        m_msg = gr.Markdown(elem_id="cat-m-msg")
         gr.Markdown("**Register a reward function**")
         with gr.Row():
             f_name = gr.Textbox(label="Name", elem_id="cat-f-name")
             f_target = gr.Textbox(label="package.module:function", elem_id="cat-f-target", scale=2)
             f_desc = gr.Textbox(label="Description", elem_id="cat-f-desc", scale=2)
             f_add = gr.Button("Register function", elem_id="cat-f-add")
+        f_msg = gr.Markdown(elem_id="cat-f-msg")
         gr.Markdown("**Register a server**")
         with gr.Row():
             s_name = gr.Textbox(label="Name", elem_id="cat-s-name")
@@ -250,30 +267,45 @@ def catalogue_tab(session: Session) -> None:
             s_model = gr.Textbox(value="reward_model", label="Model name (reward server)", elem_id="cat-s-model")
             s_desc = gr.Textbox(label="Description", elem_id="cat-s-desc")
             s_add = gr.Button("Register server", elem_id="cat-s-add")
-        gr.Markdown("**Remove an entry** (jobs already queued that name it are refused when they start)")
+        s_msg = gr.Markdown(elem_id="cat-s-msg")
+        gr.Markdown("**Remove an entry** (asked first: jobs that name it are refused when they next start)")
         with gr.Row():
             r_what = gr.Radio(list(catalogue.ENTRY_LISTS), value="model", label="What", elem_id="cat-r-what")
             r_name = gr.Textbox(label="Name", elem_id="cat-r-name")
             r_remove = gr.Button("Remove", variant="stop", elem_id="cat-r-remove")
+        with gr.Row(visible=False, elem_id="cat-r-confirm-row") as r_confirm_row:
+            r_question = gr.Markdown(elem_id="cat-r-question", scale=3)
+            r_confirm = gr.Button("Confirm: remove it", variant="stop", elem_id="cat-r-confirm")
+            r_keep = gr.Button("Keep it", elem_id="cat-r-keep")
+        r_msg = gr.Markdown(elem_id="cat-r-msg")
+        r_asked = gr.State(None)  # [what, name] the question is about
         gr.Markdown("**Share a dataset** with every user, or make it its owner's only again")
         with gr.Row():
             d_id = gr.Number(None, label="Dataset id", precision=0, elem_id="cat-d-id")
             d_share = gr.Button("Share", elem_id="cat-d-share")
             d_unshare = gr.Button("Unshare", elem_id="cat-d-unshare")
+        d_msg = gr.Markdown(elem_id="cat-d-msg")
 
     tables = [models, functions, servers, datasets]
-    outputs = [message, *tables, *session.auth_outputs]
 
-    def wire(button: gr.Button, action: Callable[..., str], inputs: list) -> None:
+    def wire(button: gr.Button, action: Callable[..., str], inputs: list, shown_in: gr.Markdown) -> None:
         button.click(lambda token, *args: catalogue_action(session, action, token, *args), [session.token, *inputs],
-                     outputs)  # fmt: skip
+                     [shown_in, *tables, *session.auth_outputs])  # fmt: skip
 
-    wire(m_add, catalogue.register_model, [m_name, m_path, m_kind, m_desc])
-    wire(f_add, catalogue.register_reward_function, [f_name, f_target, f_desc])
-    wire(s_add, catalogue.register_server, [s_name, s_url, s_kind, s_model, s_desc])
-    wire(r_remove, catalogue.remove_entry, [r_what, r_name])
-    wire(d_share, lambda api, number: catalogue.share_dataset(api, number, True), [d_id])
-    wire(d_unshare, lambda api, number: catalogue.share_dataset(api, number, False), [d_id])
+    def remove_asked(token: str, asked):
+        """[the confirmation row, message, the 4 tables, token, sign-in line]: the entry asked about removed."""
+        if not asked:
+            return [gr.update(visible=False), "Nothing to remove.", *[gr.update()] * 4, *session.unchanged()]
+        return [gr.update(visible=False), *catalogue_action(session, catalogue.remove_entry, token, *asked)]
+
+    wire(m_add, catalogue.register_model, [m_name, m_path, m_kind, m_desc], m_msg)
+    wire(f_add, catalogue.register_reward_function, [f_name, f_target, f_desc], f_msg)
+    wire(s_add, catalogue.register_server, [s_name, s_url, s_kind, s_model, s_desc], s_msg)
+    r_remove.click(ask_to_remove, [r_what, r_name], [r_confirm_row, r_question, r_msg, r_asked])
+    r_confirm.click(remove_asked, [session.token, r_asked], [r_confirm_row, r_msg, *tables, *session.auth_outputs])
+    r_keep.click(lambda: (gr.update(visible=False), "Kept."), None, [r_confirm_row, r_msg])
+    wire(d_share, lambda api, number: catalogue.share_dataset(api, number, True), [d_id], d_msg)
+    wire(d_unshare, lambda api, number: catalogue.share_dataset(api, number, False), [d_id], d_msg)
     session.follow_tab(tab, "catalogue")
     for trigger in (session.token.change, refresh.click):
         trigger(lambda token: catalogue_view(session, token), [session.token], [tab, message, *tables])
