@@ -162,12 +162,27 @@ def compare_frame(bodies: dict[str, dict], metric: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else series_frame()
 
 
+def clock_time(timestamp: str | None) -> str:
+    """`2026-11-22T19:00:00.123456+00:00` -> "2026-11-22 19:00:00" in UTC (the column or line says UTC): whole
+    seconds, short enough for a table cell."""
+    if not timestamp:
+        return ""
+    try:
+        when = dt.datetime.fromisoformat(timestamp)
+    except ValueError:
+        return str(timestamp)
+    when = when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
+    return when.strftime("%Y-%m-%d %H:%M:%S")
+
+
+CHECKPOINT_COLUMNS = ["step", "size", "saved (UTC)"]
+
+
 def checkpoints_frame(body: dict) -> pd.DataFrame:
     """Step, size and time of each checkpoint: never where it lies on the server."""
-    return pd.DataFrame(
-        [[c["step"], human_bytes(c.get("size_bytes")), c["created_at"]] for c in body.get("items", [])],
-        columns=["step", "size", "created_at"],
-    )
+    items = body.get("items", [])
+    rows = [[c["step"], human_bytes(c.get("size_bytes")), clock_time(c.get("created_at"))] for c in items]
+    return pd.DataFrame(rows, columns=CHECKPOINT_COLUMNS)
 
 
 def server_waiting(events: list[dict]) -> str | None:

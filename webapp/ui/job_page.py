@@ -25,6 +25,7 @@ import pandas as pd
 
 from aligner.metrics import CHARTS
 from webapp.ui.api import ApiError
+from webapp.ui.catalogue import human_bytes
 from webapp.ui.charts import line_chart, x_extent
 from webapp.ui.frames import checkpoints_frame
 from webapp.ui.job_view import (
@@ -42,6 +43,8 @@ from webapp.ui.job_view import (
 from webapp.ui.tabs import Session, job_id_of
 
 NUM_PLOTS = len(CHARTS)  # a plot for each chart
+MODEL_STATUS = "succeeded"  # a job writes its final policy when it reaches its last step
+PICK_A_JOB = "Select a job on the Jobs tab (or type its id above)."
 KEPT_EVENTS = ("metrics", "samples")  # not kept in the page's state: the charts and Samples show them
 
 
@@ -133,7 +136,11 @@ def follow_metrics(api, jid: int, held: dict | None, new_steps: bool) -> dict:
 def job_page_tab(session: Session) -> None:
     """The selected job: summary, charts (those with data), smoothing and log scale, event log, checkpoints."""
     with gr.Tab("Job page", id="job") as tab:
-        summary = gr.Markdown("Select a job on the Jobs tab (or type its id above).", elem_id="job-summary")
+        summary = gr.Markdown(PICK_A_JOB, elem_id="job-summary")
+        with gr.Row():
+            model_button = gr.Button("Download model", elem_id="download-model", interactive=False, scale=0)
+            model_file = gr.File(label="Final policy zip", elem_id="model-file", interactive=False, visible=False)
+            model_msg = gr.Markdown(elem_id="model-msg")
         with gr.Row():
             smoothing = gr.Slider(0, 0.99, value=0.0, step=0.01, label="Smoothing (EMA)", elem_id="smoothing")
             log_y = gr.Checkbox(value=True, label="Log scale for KL and losses (when all values > 0)", elem_id="log-y")
@@ -155,27 +162,58 @@ def job_page_tab(session: Session) -> None:
                 download_msg = gr.Markdown(elem_id="ckpt-msg")
         view = gr.State({})
 
-    outputs = [summary, charts_msg, *plots, events_box, checkpoints, view]
+    downloads = [model_file, model_msg, download, download_msg]
+    outputs = [summary, charts_msg, *plots, events_box, checkpoints, view, model_button, *downloads]
 
     def refresh_job_page(token: str, selected, state: dict, smooth: float, log: bool):
         jid = job_id_of(selected)
+        state = state or {}
         if not token or jid is None:
             return [gr.skip()] * len(outputs)
         try:
-            updated = load(session.api(token), jid, state or {})
+            updated = load(session.api(token), jid, state)
         except ApiError as err:
+            if err.status != 404 and state.get("job_id") == jid:  # the API away a moment: the page stays
+                return [f"Job {jid}: {err.message}", *[gr.skip()] * (len(outputs) - 1)]
+            if state.get("missing") == jid:
+                return [gr.skip()] * len(outputs)
             words = f"Job {jid} does not exist or is not yours." if err.status == 404 else f"Job {jid}: {err.message}"
-            return [words, *[gr.skip()] * (len(outputs) - 1)]
+            return cleared(words, {"missing": jid})
         if not updated.pop("changed"):
             return [gr.skip()] * len(outputs)
-        ckpts = checkpoints_frame(updated["checkpoints"] or {})
+        # Another job's downloads must not stay offered under this one.
+        other_job = state.get("job_id") != jid
+        files = [gr.update(value=None, visible=False), ""] * 2 if other_job else [gr.skip()] * len(downloads)
         return [
             run_summary(updated["job"], updated["metrics"] or {}, updated["events"]),
             *draw(updated, smooth, log),
             event_log(updated["events"]),
-            ckpts,
+            checkpoints_frame(updated["checkpoints"] or {}),
             updated,
+            gr.update(interactive=updated["job"]["status"] == MODEL_STATUS),
+            *files,
         ]
+
+    def cleared(words: str, state: dict) -> list:
+        """The page emptied under `words`: nothing of the job shown before stays (its charts, events, checkpoints
+        and downloads would read as this one's)."""
+        hidden = gr.update(value=None, visible=False)
+        return [words, "", *[hidden] * NUM_PLOTS, "", checkpoints_frame({}), state, gr.update(interactive=False),
+                *[hidden, ""] * 2]  # fmt: skip
+
+    def download_model(token: str, state: dict):
+        """[model file, message]: the job's final policy (GET /jobs/{id}/model), a zip of its Hugging Face folder."""
+        jid = (state or {}).get("job_id")
+        if not token or jid is None:
+            return gr.update(), "Sign in and select a job first."
+        target = download_dir() / f"job_{jid}_final_policy_{secrets.token_hex(4)}.zip"
+        try:
+            session.api(token).download(f"/jobs/{jid}/model", target)
+        except ApiError as err:
+            target.unlink(missing_ok=True)
+            return gr.update(value=None, visible=False), f"The model cannot be downloaded: {err.message}"
+        size = human_bytes(target.stat().st_size)
+        return gr.update(value=str(target), visible=True), f"Final policy of job {jid}: {size} (a Hugging Face folder)"
 
     def redraw(state: dict, smooth: float, log: bool):
         return draw(state or {}, smooth, log)
@@ -195,8 +233,8 @@ def job_page_tab(session: Session) -> None:
         except ApiError as err:
             message = f"The checkpoint of step {step} cannot be downloaded: {err.message}"
             return gr.update(value=None, visible=False), message
-        size = f"{target.stat().st_size / 1e6:.1f} MB"
-        return gr.update(value=str(target), visible=True), f"Checkpoint of step {step}: {size}"
+        size = human_bytes(target.stat().st_size)
+        return gr.update(value=str(target), visible=True), f"Checkpoint of step {step}: {size} (to resume from)"
 
     inputs = [session.token, session.job_id, view, smoothing, log_y]
     session.every_tick(refresh_job_page, inputs, outputs, tab="job")
@@ -205,3 +243,4 @@ def job_page_tab(session: Session) -> None:
     for control in (smoothing, log_y):
         control.change(redraw, [view, smoothing, log_y], [charts_msg, *plots], show_progress="hidden")
     checkpoints.select(download_checkpoint, [session.token, view, checkpoints], [download, download_msg])
+    model_button.click(download_model, [session.token, view], [model_file, model_msg])
