@@ -132,10 +132,17 @@ def test_the_form_picks_the_algorithm_and_the_critic():
 
 
 def test_checkpoints_frame():
-    ckpts = {"items": [{"step": 2, "size_bytes": 4_800_000, "path": "checkpoints/step_000002", "created_at": "t"}]}
+    saved = "2026-11-28T03:50:12.345678+00:00"
+    ckpts = {"items": [{"step": 2, "size_bytes": 4_800_000, "path": "checkpoints/step_000002", "created_at": saved}]}
     frame = frames.checkpoints_frame(ckpts)
-    assert frame.columns.tolist() == ["step", "size", "created_at"]  # no path: the server's folders are its own
-    assert frame.values.tolist() == [[2, "4.8 MB", "t"]]
+    assert frame.columns.tolist() == ["step", "size", "saved (UTC)"]  # no path: the server's folders are its own
+    assert frame.values.tolist() == [[2, "4.8 MB", "2026-11-28 03:50:12"]]  # whole seconds: the cell is not cut
+
+
+def test_clock_time_is_utc_to_the_second():
+    assert frames.clock_time("2026-11-28T05:50:12.9+02:00") == "2026-11-28 03:50:12"
+    assert frames.clock_time("2026-11-28T03:50:12") == "2026-11-28 03:50:12"  # naive: the API's UTC
+    assert frames.clock_time(None) == ""
 
 
 def test_parse_sse_and_event_log_keep_status_checkpoint_and_log_events():
@@ -586,11 +593,43 @@ def test_the_timers_refreshes_follow_the_jobs_refresh_that_drops_a_rejected_toke
     fns = list(app.fns.values())
     on_tick = [fn for fn in fns if any(event == "tick" for _id, event in fn.targets)]
     assert [fn.name for fn in on_tick] == ["refresh_jobs"]
-    followers = {fn.name for fn in fns if fn.trigger_after == on_tick[0]._id}
-    assert followers == {"refresh_job_page", "refresh_samples", "refresh_follow", "refresh_compare"}
-    compare = next(fn.fn for fn in fns if fn.trigger_after == on_tick[0]._id and fn.name == "refresh_compare")
-    # a hidden tab's refresh asks nothing of the API (an unreachable one here) and redraws nothing
-    assert compare("job", "token", [1, 2], "train_rollouts/rewards", None, None, None) == [gr.skip()] * 8
+    # one event after it, whatever the number of tabs: each event is a round trip of the browser's
+    followers = [fn for fn in fns if fn.trigger_after == on_tick[0]._id]
+    assert [fn.name for fn in followers] == ["refresh_open_tab"]
+    dispatch = followers[0]
+    inputs = [block._id for block in dispatch.inputs]
+    values = [{"token": "token"}.get(getattr(block, "elem_id", None)) for block in dispatch.inputs]
+    assert dispatch.outputs and len(set(map(id, dispatch.outputs))) == len(dispatch.outputs)
+    # a tab that is not open asks nothing of the API (an unreachable one here) and redraws nothing
+    for closed in ("jobs", "new", "catalogue"):
+        assert dispatch.fn(closed, *values[1:]) == [gr.skip()] * len(dispatch.outputs)
+    assert len(inputs) == len(values)
+
+
+def test_the_open_tabs_refreshes_run_and_only_theirs():
+    with gr.Blocks() as blocks:
+        session, _sign_in = tabs.header("http://127.0.0.1:9")
+        shared_in, a_out, b_out, both_out = gr.Textbox(), gr.Textbox(), gr.Textbox(), gr.Textbox()
+        session.ticked = session.timer.tick(lambda: None, None, None)
+        calls = []
+
+        def refresh_a(value):
+            calls.append(("a", value))
+            return [f"a {value}", gr.skip()]
+
+        def refresh_b(value):
+            calls.append(("b", value))
+            return [f"b {value}", "b wrote"]
+
+        session.every_tick(refresh_a, [shared_in], [a_out, both_out], tab="a")
+        session.every_tick(refresh_b, [shared_in], [b_out, both_out], tab="b")
+        session.wire_ticks()
+    dispatch = next(fn for fn in blocks.fns.values() if fn.name == "refresh_open_tab")
+    assert [block._id for block in dispatch.inputs] == [session.open_tab._id, shared_in._id]
+    assert [block._id for block in dispatch.outputs] == [a_out._id, both_out._id, b_out._id]
+    assert dispatch.fn("a", "x") == ["a x", gr.skip(), gr.skip()] and calls == [("a", "x")]
+    assert dispatch.fn("b", "y") == [gr.skip(), "b wrote", "b y"] and calls[1:] == [("b", "y")]
+    assert dispatch.fn("c", "z") == [gr.skip()] * 3 and len(calls) == 2
 
 
 def test_a_preset_fills_the_form_naming_datasets_by_their_ids(tmp_path):

@@ -41,6 +41,7 @@ def build_app(api_url: str, data_dir: Path | None = None):
             samples.samples_tab(session)
             compare.compare_tab(session)
             tabs.catalogue_tab(session)
+        session.wire_ticks()
         tabs.wire_sign_in(session, sign_in, jobs_table)
     return app
 
