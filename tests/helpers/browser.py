@@ -163,3 +163,39 @@ def chromium() -> Iterator:
             yield browser
         finally:
             browser.close()
+
+
+def cpu_seconds(processes) -> float:
+    """The CPU time (user + system) `processes` (psutil.Process) have used so far; those gone count 0."""
+    import psutil
+
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+# Counts the DOM changes under each element whose id is given, from now on (read with `changes_since_watch`).
+_WATCH_JS = """(ids) => {
+    window.__changes = Object.fromEntries(ids.map((id) => [id, 0]));
+    for (const id of ids) {
+        const element = document.getElementById(id);
+        if (!element) continue;
+        new MutationObserver((records) => { window.__changes[id] += records.length; })
+            .observe(element, {subtree: true, childList: true, characterData: true, attributes: true});
+    }
+}"""
+
+
+def watch_changes(page, elem_ids: list[str]) -> None:
+    """Start counting the DOM changes under each of `elem_ids` (a redraw changes its element's subtree)."""
+    page.evaluate(_WATCH_JS, elem_ids)
+
+
+def changes_since_watch(page) -> dict[str, int]:
+    """{element id: DOM changes under it since `watch_changes`}."""
+    return page.evaluate("() => window.__changes")

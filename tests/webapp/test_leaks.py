@@ -193,12 +193,13 @@ def test_the_dashboard_sweeps_the_checkpoint_zips_it_fetched():
     from webapp.ui import job_page
 
     folder = job_page.download_dir()
-    old, new = folder / "job_1_step_000002_old.zip", folder / "job_1_step_000004_new.zip"
+    old, new = job_page.download_target("job_1_step_000002.zip"), job_page.download_target("job_1_step_000002.zip")
+    assert old != new and old.name == new.name  # the browser sees the plain name; two never collide
     old.write_bytes(b"x")
     new.write_bytes(b"y")
     os.utime(old, (time.time() - job_page.DOWNLOAD_MAX_AGE_S - 5,) * 2)
     assert job_page.download_dir() == folder  # one folder per process, removed at exit
-    assert not old.exists() and new.exists()
+    assert not old.exists() and not old.parent.exists() and new.exists()
     new.unlink()
 
 

@@ -588,22 +588,46 @@ def test_a_rejected_token_signs_the_tab_out_instead_of_being_sent_again(session,
         api.Api.request = original
 
 
-def test_the_timers_refreshes_follow_the_jobs_refresh_that_drops_a_rejected_token(tmp_path):
+def test_the_timer_only_watches_and_a_change_refreshes_the_jobs_table_then_the_open_tab(tmp_path):
     app = ui.build_app("http://127.0.0.1:5000", tmp_path)
     fns = list(app.fns.values())
     on_tick = [fn for fn in fns if any(event == "tick" for _id, event in fn.targets)]
-    assert [fn.name for fn in on_tick] == ["refresh_jobs"]
-    # one event after it, whatever the number of tabs: each event is a round trip of the browser's
-    followers = [fn for fn in fns if fn.trigger_after == on_tick[0]._id]
+    assert [fn.name for fn in on_tick] == ["watch"]
+    # the watch shows nothing (states only): a visible output is redrawn by every event, changed or not
+    assert all(isinstance(block, gr.State) for block in on_tick[0].outputs)
+    seen = on_tick[0].outputs[0]
+    on_change = [fn for fn in fns if (seen._id, "change") in fn.targets]
+    assert [fn.name for fn in on_change] == ["refresh_jobs"]
+    # then one event, whatever the number of tabs: each event is a round trip of the browser's
+    followers = [fn for fn in fns if fn.trigger_after == on_change[0]._id]
     assert [fn.name for fn in followers] == ["refresh_open_tab"]
     dispatch = followers[0]
-    inputs = [block._id for block in dispatch.inputs]
-    values = [{"token": "token"}.get(getattr(block, "elem_id", None)) for block in dispatch.inputs]
-    assert dispatch.outputs and len(set(map(id, dispatch.outputs))) == len(dispatch.outputs)
+    assert len({block._id for block in dispatch.outputs}) == len(dispatch.outputs)
     # a tab that is not open asks nothing of the API (an unreachable one here) and redraws nothing
+    values = [None] * (len(dispatch.inputs) - 1)
     for closed in ("jobs", "new", "catalogue"):
-        assert dispatch.fn(closed, *values[1:]) == [gr.skip()] * len(dispatch.outputs)
-    assert len(inputs) == len(values)
+        assert dispatch.fn(closed, *values) == [gr.skip()] * len(dispatch.outputs)
+
+
+def test_the_watch_changes_its_value_only_when_the_jobs_or_the_selected_jobs_events_do(
+    session, client, token, config, db_session
+):
+    from webapp.db import add_event
+
+    assert session.watch("", 1, False, None) == [gr.skip(), gr.skip()]  # signed out: nothing asked
+    job_id = create_job(client, token, config)["id"]
+    seen, kept = session.watch(token, job_id, False, None)
+    assert kept == gr.skip() and seen[1][0] == job_id
+    assert session.watch(token, job_id, False, seen) == [gr.skip(), gr.skip()]  # nothing new: no change event
+    with db_session() as s:
+        add_event(s, job_id, "log", {"message": "waiting for the reward server"})
+    newer, _ = session.watch(token, job_id, False, seen)
+    assert newer[0] == seen[0] and newer[1][1] > seen[1][1]  # the jobs list is the same, the job has news
+    assert session.watch(token, job_id, False, newer) == [gr.skip(), gr.skip()]
+    create_job(client, token, config, name="another")
+    assert session.watch(token, job_id, False, newer)[0][0] != newer[0]  # a new job in the list
+    missing = session.watch(token, 2**31 - 1, False, newer)[0]
+    assert missing[1] == [2**31 - 1, None]  # not the user's: its page says so, the watch goes on
 
 
 def test_the_open_tabs_refreshes_run_and_only_theirs():

@@ -12,6 +12,9 @@ see, where the unit tests only check status codes and URLs. Headless Debian Chro
 - A running job's Reward chart keeps the user's zoom when new steps redraw it (webapp/ui/charts.py KEEP_ZOOM_JS, by
   the figure's `uirevision`), draws its gold reward on a right axis of its own, and the Samples tab has a gold
   column and the "reward high, gold low" filter.
+- A finished job's Job page: "Download model" hands over its final policy; open and untouched it idles (under
+  IDLE_CPU_SHARE of a core in Chromium and in the dashboard, no component redrawn); an unknown job id then empties
+  the page (no chart, event or checkpoint of the job shown before).
 """
 
 from __future__ import annotations
@@ -27,10 +30,21 @@ import pytest
 import requests
 
 from aligner.generation.generator import AUTO_COMPILE_MIN_STEPS
-from tests.helpers.browser import ARTIFACTS, fill, text, upload_prompts, wait_text
+from tests.helpers.browser import (
+    ARTIFACTS,
+    changes_since_watch,
+    cpu_seconds,
+    fill,
+    text,
+    upload_prompts,
+    wait_charts_drawn,
+    wait_text,
+    watch_changes,
+)
 from webapp.db import FINAL_STATUSES, create_token, make_engine, make_session_factory, session_scope
 from webapp.ui import catalogue, form, samples
 from webapp.ui.api import Api, ApiError
+from webapp.ui.job_page import NUM_PLOTS
 from webapp.ui.tabs import REFRESH_S
 
 HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
@@ -406,3 +420,88 @@ def test_removing_a_catalogue_entry_asks_first_and_says_what_it_does(browser_sta
     page.click("#cat-r-confirm")
     wait_text(page, "cat-r-msg", f"Removed reward function {name}", 30)
     assert not registered() and not page.locator("#cat-r-question").is_visible()
+
+
+IDLE_CPU_SHARE = 0.05  # of one core, each of Chromium and the dashboard's process, with a finished job open
+
+
+IDLE_WINDOW_S = 15.0
+
+
+def finished_tiny_job(stack: dict, tmp_path, policy_dir, name: str) -> int:
+    """A 2-step job of the tiny policy, scored by the stack's reward server, submitted through the API and run to
+    its end: its id."""
+    api = Api(stack["api_url"], stack["token"])
+    catalogue.register_model(api, f"{name}-tiny", str(policy_dir), "policy")
+    catalogue.register_server(api, f"{name}-reward", stack["reward_url"], "reward", "reward_model")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("the cat", "a dog")))
+    dataset = upload_prompts(stack, prompts)
+    values = {**form.DEFAULTS, "name": name, "policy": f"{name}-tiny", "train_dataset": dataset,
+              "val_dataset": dataset, "reward_source": "server", "reward_server": f"{name}-reward", "lr": 0.001,
+              "num_prompts_per_step": 2, "num_rollouts_per_prompt": 2, "max_steps": 2, "max_new_tokens": 4,
+              "val_check_interval": 2, "save_interval": 2}  # fmt: skip
+    job_id = api.post("/jobs", form.build_job(values))["id"]
+    deadline = time.monotonic() + 180
+    while (job := api.get(f"/jobs/{job_id}"))["status"] != "succeeded":
+        assert job["status"] in ("queued", "running") and time.monotonic() < deadline, job
+        time.sleep(0.3)
+    return job_id
+
+
+def sign_in_and_open_job(page, stack: dict, job_id: int) -> None:
+    page.goto(stack["ui_url"])
+    fill(page, "token", stack["token"])
+    page.click("#sign-in")
+    wait_text(page, "signed-in", "Signed in", 30)
+    fill(page, "job-id", job_id)
+    page.locator("#job-id input").first.press("Enter")
+    page.get_by_role("tab", name="Job page").click()
+
+
+@pytest.mark.slow(45)
+def test_a_finished_jobs_page_offers_its_model_idles_and_forgets_it_for_an_unknown_id(
+    browser_stack, browser_page, tmp_path, tiny_policy_dir
+):
+    import psutil
+
+    stack, page = browser_stack, browser_page
+    job_id = finished_tiny_job(stack, tmp_path, tiny_policy_dir, "idle")
+    sign_in_and_open_job(page, stack, job_id)
+    wait_text(page, "job-summary", "succeeded", 60)
+    wait_text(page, "event-log", "checkpoint saved", 30)
+    wait_charts_drawn(page)
+
+    page.click("#download-model")
+    wait_text(page, "model-msg", f"Final policy of job {job_id}", 60)
+    link = page.locator("#model-file a").first
+    assert link.get_attribute("href").endswith(f"/job_{job_id}_final_policy.zip")
+
+    # Idle: nothing changes on the server, so nothing may be redrawn and next to no CPU spent.
+    time.sleep(2 * REFRESH_S)  # let the ticks after the last click settle
+    watched = ["job-summary", "event-log", "checkpoints", "jobs-table",
+               *(f"plot-{i}" for i in range(NUM_PLOTS))]  # fmt: skip
+    watch_changes(page, watched)
+    browser = [p for p in psutil.Process().children(recursive=True)]  # Playwright's driver and Chromium
+    ui = psutil.Process(stack["pids"]["ui"])
+    dashboard = [ui, *ui.children(recursive=True)]
+    before, start = (cpu_seconds(browser), cpu_seconds(dashboard)), time.monotonic()
+    time.sleep(IDLE_WINDOW_S)
+    wall = time.monotonic() - start
+    used = (cpu_seconds(browser) - before[0], cpu_seconds(dashboard) - before[1])
+    shares = {"chromium": used[0] / wall, "dashboard": used[1] / wall}
+    print(f"idle with a finished job open: {shares}")
+    assert {name: n for name, n in changes_since_watch(page).items() if n} == {}
+    assert all(share < IDLE_CPU_SHARE for share in shares.values()), shares
+
+    # An unknown id: the page says so and shows nothing of the job before.
+    fill(page, "job-id", 2**31 - 1)
+    page.locator("#job-id input").first.press("Enter")
+    wait_text(page, "job-summary", f"Job {2**31 - 1} does not exist or is not yours", 30)
+    page.wait_for_function("() => ![...document.querySelectorAll('[id^=plot-]')].some((p) => p.offsetParent)",
+                           timeout=10_000)  # fmt: skip
+    assert text(page, "event-log").strip() == ""
+    assert page.locator("#checkpoints tbody tr").filter(has_text="KB").count() == 0
+    assert page.locator("#checkpoints tbody tr").filter(has_text="MB").count() == 0
+    assert page.locator("#download-model").is_disabled()
+    assert not page.locator("#model-file").is_visible()

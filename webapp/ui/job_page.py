@@ -12,6 +12,7 @@ No `from __future__ import annotations` here: Gradio reads a handler's `gr.Selec
 """
 
 import atexit
+import contextlib
 import secrets
 import shutil
 import tempfile
@@ -66,12 +67,14 @@ def download_dir(now: float | None = None) -> Path:
             _download_folder.append(folder)
         folder = _download_folder[0]
     cutoff = (time.time() if now is None else now) - DOWNLOAD_MAX_AGE_S
-    for old in folder.glob("*.zip"):
+    for old in folder.glob("*/*.zip"):
         try:
             if old.stat().st_mtime < cutoff:
                 old.unlink()
         except FileNotFoundError:  # another download swept it first
             continue
+        with contextlib.suppress(OSError):  # its folder, once empty (another download may be writing into it)
+            old.parent.rmdir()
     return folder
 
 
@@ -80,6 +83,14 @@ def chart_figure(job: dict, title: str, frame: pd.DataFrame, y_title: str, smoot
     """One chart of the job's: its gold rewards on their own right axis, its zoom kept across redraws."""
     return line_chart(frame, title, y_title, smoothing, log_y, x_range, right=gold_series(frame),
                       right_title=GOLD_AXIS_TITLE, uirevision=chart_revision(job.get("id"), title))  # fmt: skip
+
+
+def download_target(name: str) -> Path:
+    """Where to write a download the browser will see as `name`: a folder of its own in `download_dir()`, so that
+    two downloads of one file never collide and the browser's copy keeps the plain name."""
+    folder = download_dir() / secrets.token_hex(8)
+    folder.mkdir()
+    return folder / name
 
 
 def draw(view: dict, smoothing: float, log_y: bool) -> list:
@@ -206,7 +217,7 @@ def job_page_tab(session: Session) -> None:
         jid = (state or {}).get("job_id")
         if not token or jid is None:
             return gr.update(), "Sign in and select a job first."
-        target = download_dir() / f"job_{jid}_final_policy_{secrets.token_hex(4)}.zip"
+        target = download_target(f"job_{jid}_final_policy.zip")
         try:
             session.api(token).download(f"/jobs/{jid}/model", target)
         except ApiError as err:
@@ -227,7 +238,7 @@ def job_page_tab(session: Session) -> None:
             return gr.update(), "Select a checkpoint's row."
         if not token or jid is None:
             return gr.update(), "Sign in and select a job first."
-        target = download_dir() / f"job_{jid}_step_{step:06d}_{secrets.token_hex(4)}.zip"
+        target = download_target(f"job_{jid}_step_{step:06d}.zip")
         try:
             session.api(token).download(f"/jobs/{jid}/checkpoints/{step}/download", target)
         except ApiError as err:

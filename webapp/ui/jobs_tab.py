@@ -175,7 +175,9 @@ def jobs_tab(session: Session) -> gr.Dataframe:
         return [f"Job {jid} deleted.", table, hide, still, *session.unchanged()]
 
     refresh_inputs = [session.token, session.job_id, all_users]
-    session.ticked = session.timer.tick(
+    watched = [session.token, session.job_id, all_users, session.seen]
+    session.timer.tick(session.watch, watched, [session.seen, session.token], show_progress="hidden")
+    session.ticked = session.seen.change(
         session.refresh_jobs, refresh_inputs, [jobs_table, *session.auth_outputs], show_progress="hidden"
     )
     session.follow_tab(tab, "jobs")

@@ -1,15 +1,22 @@
 """The dashboard's Gradio layout: the sign-in header, then one builder per tab that lays it out and wires its events.
 
+The timer does not redraw anything itself: each tick asks the API what the dashboard shows has become (the jobs list
+and the selected job's newest event: `Session.watch`) and keeps it in the `seen` state. Only when that changed do the
+Jobs table and then the open tab refresh (`wire_ticks`: one event, whatever the number of tabs), each redrawing what
+changed (gr.skip() otherwise). With nothing running, the page stays still: an event with visible outputs redraws
+their status even when it changes no value, and every event is a round trip through Gradio's queue (issue 30: a
+finished job's page cost 55% of a core in Chromium and 17% in the dashboard when every tick refreshed every tab).
+
 A token the API rejects (401: wrong, expired or revoked) is dropped at once, signing the tab out: asking again with it
-would only count as failed sign-ins, and enough of those get the address's failed attempts refused (429). The timer's
-first event refreshes the Jobs table and drops such a token; then one event runs the open tab's refreshes
-(Session.every_tick, wire_ticks), so a rejected token costs one request, not one per tab and tick, and a tick costs
-the browser two round trips, whatever the number of tabs. A refresh redraws only what changed (gr.skip() otherwise).
-The API sees each browser's address, not the dashboard's, when it trusts the dashboard as a proxy (`forwarded_for`).
+would only count as failed sign-ins, and enough of those get the address's failed attempts refused (429). The watch
+drops it, one request a tick at most. The API sees each browser's address, not the dashboard's, when it trusts the
+dashboard as a proxy (`forwarded_for`).
 
 No `from __future__ import annotations` here: Gradio reads a handler's `gr.SelectData` hint as a class, not a string.
 """
 
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +67,8 @@ class Session:
     timer: gr.Timer
     signed: gr.Markdown
     open_tab: gr.State | None = None  # the id of the tab on screen: only its refreshes run on the timer
-    ticked: Any = None  # the timer's first event (jobs_tab): the other refreshes follow it
+    seen: gr.State | None = None  # what the watch last saw (`watch`): its change refreshes what is shown
+    ticked: Any = None  # the Jobs table's refresh on a change of `seen` (jobs_tab): the tab refreshes follow it
     all_users: gr.Checkbox | None = None  # the Jobs tab's "All users" (admins only): every user's jobs
     refreshes: list[TickRefresh] = field(default_factory=list)  # every_tick's, wired by wire_ticks
 
@@ -89,7 +97,7 @@ class Session:
         try:
             api = Api(self.api_url, token, forwarded_for())
             me = api.get("/me")
-            table = jobs_frame(api.get("/jobs", per_page=100), selected=job_id_of(selected))
+            table = jobs_frame(api.get(JOBS, per_page=100), selected=job_id_of(selected))
         except ApiError as err:
             return ["", f"Sign-in failed: {err.message}", gr.update(), gr.update()]
         line = f"Signed in as **{me['name']}**{' (admin)' if me['is_admin'] else ''}."
@@ -102,29 +110,47 @@ class Session:
         if not token:
             return [gr.update(), *self.unchanged()]
         try:
-            api = self.api(token)
-            if all_users:
-                try:
-                    page = api.get(ADMIN_JOBS, per_page=100)
-                    return [jobs_frame(page, selected=job_id_of(selected), owners=True), *self.unchanged()]
-                except ApiError as err:
-                    if err.status != FORBIDDEN:  # a rejected token is dropped below, after one request
-                        raise
-            page = api.get(JOBS, per_page=100)
-            return [jobs_frame(page, selected=job_id_of(selected)), *self.unchanged()]
+            page, owners = jobs_page(self.api(token), all_users)
+            return [jobs_frame(page, selected=job_id_of(selected), owners=owners), *self.unchanged()]
         except ApiError as err:
             return [gr.update(), *(self.signed_out() if err.rejected else self.unchanged())]
 
+    def watch(self, token: str, selected, all_users: bool, seen) -> list:
+        """[seen, token]: a value that changes when what the dashboard shows may have (a digest of the jobs list, the
+        selected job's id and newest event id), `seen` left as it is otherwise, so that its change event fires only
+        then; a rejected token dropped."""
+        if not token:
+            return [gr.skip(), gr.skip()]
+        try:
+            api = self.api(token)
+            listed = jobs_page(api, all_users)
+            jobs = hashlib.sha256(json.dumps(listed, sort_keys=True).encode()).hexdigest()
+            jid = job_id_of(selected)
+            newest = None
+            if jid is not None:
+                known = seen[1] if isinstance(seen, list | tuple) and seen[1] and seen[1][0] == jid else None
+                after = known[1] if known else 0
+                try:
+                    new = api.events(jid, after=after or 0)
+                    newest = [jid, new[-1]["id"] if new else after]
+                except ApiError as err:
+                    if err.rejected:
+                        raise
+                    newest = [jid, None]  # not (any more) a job of this user's: its page says so
+        except ApiError as err:
+            return [gr.skip(), "" if err.rejected else gr.skip()]
+        now = [jobs, newest]
+        return [gr.skip() if now == seen else now, gr.skip()]
+
     def every_tick(self, fn: Callable, inputs: list, outputs: list, tab: str) -> None:
-        """Run `fn` on every tick while `tab` is the open one (a hidden tab neither asks the API nor redraws: it
-        catches up when opened, as `follow_tab` wires its refresh to the tab's selection). Registered here and wired
-        by `wire_ticks` once every tab is laid out."""
+        """Run `fn` when the watch sees a change while `tab` is the open one (a hidden tab neither asks the API nor
+        redraws: it catches up when opened, as `follow_tab` wires its refresh to the tab's selection). Registered
+        here and wired by `wire_ticks` once every tab is laid out."""
         self.refreshes.append(TickRefresh(tab, fn, inputs, outputs))
 
     def wire_ticks(self) -> None:
-        """One event on each tick, after the Jobs table's refresh (by then a rejected token is gone), runs the open
-        tab's refreshes: a browser's every event is a round trip through Gradio's queue, and one per tab and tick
-        kept an idle dashboard busy (issue 30: 55% of a core in Chromium, 17% in the dashboard)."""
+        """One event after the Jobs table's refresh runs the open tab's refreshes (one per tab would each be a
+        round trip of the browser's)."""
         refreshes = list(self.refreshes)
         inputs = _distinct(c for r in refreshes for c in r.inputs)
         outputs = _distinct(c for r in refreshes for c in r.outputs)
@@ -147,6 +173,18 @@ class Session:
         selected = tab.select(lambda: tab_id, None, self.open_tab, show_progress="hidden")
         if refresh is not None:
             selected.then(refresh, inputs, outputs, show_progress="hidden")
+
+
+def jobs_page(api: Api, all_users: bool) -> tuple[dict, bool]:
+    """(the jobs the table lists, whether they are every user's): with `all_users`, every user's jobs (GET
+    /admin/jobs), or the user's own when the API refuses that (403: not an admin)."""
+    if all_users:
+        try:
+            return api.get(ADMIN_JOBS, per_page=100), True
+        except ApiError as err:
+            if err.status != FORBIDDEN:  # a rejected token is dropped by the caller, after one request
+                raise
+    return api.get(JOBS, per_page=100), False
 
 
 def forwarded_for() -> str | None:
@@ -202,7 +240,7 @@ def header(api_url: str) -> tuple[Session, SignIn]:
         job_id = gr.Number(label="Selected job id", precision=0, elem_id="job-id", scale=1)
     signed = gr.Markdown("Not signed in.", elem_id="signed-in")
     timer = gr.Timer(REFRESH_S)
-    session = Session(api_url, token_state, job_id, timer, signed, open_tab=gr.State("jobs"))
+    session = Session(api_url, token_state, job_id, timer, signed, open_tab=gr.State("jobs"), seen=gr.State(None))
     return session, SignIn(token_box, sign_in, signed)
 
 
@@ -212,6 +250,12 @@ def wire_sign_in(session: Session, sign_in: SignIn, jobs_table: gr.Dataframe) ->
     outputs = [session.token, sign_in.message, jobs_table, session.all_users]
     sign_in.button.click(session.sign_in, [sign_in.token_box, session.job_id], outputs)
     sign_in.token_box.submit(session.sign_in, [sign_in.token_box, session.job_id], outputs)
+    session.token.change(token_dropped, [session.token, sign_in.message], [sign_in.message], show_progress="hidden")
+
+
+def token_dropped(token: str, line: str):
+    """The sign-in line once the watch dropped a rejected token (a failed sign-in says so itself)."""
+    return SIGNED_OUT if not token and str(line or "").startswith("Signed in") else gr.skip()
 
 
 def catalogue_action(session: Session, action: Callable[..., str], token: str, *args) -> list:
