@@ -12,10 +12,10 @@ from webapp.ui.catalogue import human_bytes
 STARTED = "started (UTC)"  # the column's header states the zone: the dashboard's browser may be in any
 JOB_COLUMNS = [
     *("sel", "id", "name", "algorithm", "status", "health", "step", "latest reward"),
-    *(STARTED, "duration", "age"),
+    *(STARTED, "duration"),  # no age: the table redraws when a job changes, and an age would go stale meanwhile
 ]
 OWNER = "owner"  # the column the admin's All users view adds after `id`
-STARTED_FORMAT = "%m-%d %H:%M"  # short: the year is rarely in doubt, and `age` tells an old job
+STARTED_FORMAT = "%m-%d %H:%M"  # short: the year is rarely in doubt
 RUNNING_STATUSES = ("running", "cancelling")  # a job whose run goes on: its duration is the time so far
 # The health alarms (GET /jobs `alarms`, `health` events) in words.
 ALARM_WORDS = {
@@ -36,17 +36,6 @@ def utc(timestamp: str) -> dt.datetime:
     """The API's `2026-11-22T19:00:00+00:00` as an aware datetime (a naive one is UTC)."""
     then = dt.datetime.fromisoformat(timestamp)
     return then if then.tzinfo is not None else then.replace(tzinfo=dt.UTC)
-
-
-def age(created_at: str | None, now: dt.datetime | None = None) -> str:
-    """`2026-11-22T19:00:00+00:00` -> "12 s", "5 min", "3 h", "2 d"."""
-    if not created_at:
-        return ""
-    seconds = max(0, int(((now or dt.datetime.now(dt.UTC)) - utc(created_at)).total_seconds()))
-    for unit, size in UNITS:
-        if seconds >= size:
-            return f"{seconds // size} {unit}"
-    return "0 s"
 
 
 def started(job: dict) -> str:
@@ -81,7 +70,7 @@ def jobs_frame(
     page: dict, now: dt.datetime | None = None, selected: int | None = None, owners: bool = False
 ) -> pd.DataFrame:
     """GET /jobs -> one row per job: a marker on the `selected` one, id, name, algorithm, status, firing health
-    alarms, step (as step/max_steps), latest reward, start, duration, age. `owners`: GET /admin/jobs, with each
+    alarms, step (as step/max_steps), latest reward, start, duration. `owners`: GET /admin/jobs, with each
     job's owner after its id; its deleted jobs (the admins' audit tombstones) left out, as nothing applies to them."""
     rows = []
     for job in page.get("items", []):
@@ -102,7 +91,6 @@ def jobs_frame(
                 "" if reward is None else f"{reward:+.4f}",
                 started(job),
                 duration(job, now),
-                age(job.get("created_at"), now),
             ]
         )
     return pd.DataFrame(rows, columns=job_columns(owners))
@@ -165,14 +153,7 @@ def compare_frame(bodies: dict[str, dict], metric: str) -> pd.DataFrame:
 def clock_time(timestamp: str | None) -> str:
     """`2026-11-22T19:00:00.123456+00:00` -> "2026-11-22 19:00:00" in UTC (the column or line says UTC): whole
     seconds, short enough for a table cell."""
-    if not timestamp:
-        return ""
-    try:
-        when = dt.datetime.fromisoformat(timestamp)
-    except ValueError:
-        return str(timestamp)
-    when = when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when.astimezone(dt.UTC)
-    return when.strftime("%Y-%m-%d %H:%M:%S")
+    return utc(timestamp).astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if timestamp else ""
 
 
 CHECKPOINT_COLUMNS = ["step", "size", "saved (UTC)"]
