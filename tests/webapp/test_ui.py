@@ -591,9 +591,13 @@ def test_the_timer_only_watches_and_a_change_refreshes_the_jobs_table_then_the_o
     fns = list(app.fns.values())
     on_tick = [fn for fn in fns if any(event == "tick" for _id, event in fn.targets)]
     assert [fn.name for fn in on_tick] == ["watch"]
-    # the watch shows nothing (states only): a visible output is redrawn by every event, changed or not
-    assert all(isinstance(block, gr.State) for block in on_tick[0].outputs)
-    seen = on_tick[0].outputs[0]
+    # the watch shows nothing (states, and its own timer's pace): a visible output is redrawn by every event
+    assert all(isinstance(block, gr.State | gr.Timer) for block in on_tick[0].outputs)
+    seen, timer = on_tick[0].outputs[0], on_tick[0].outputs[2]
+    # a job selected or the Jobs table changed (a submit, a resume) sets a slowed timer back to its quick pace
+    quickened = [fn for fn in fns if [block._id for block in fn.outputs] == [timer._id]]
+    sources = {app.blocks[target].elem_id for fn in quickened for target, event in fn.targets if event == "change"}
+    assert sources == {"job-id", "jobs-table"} and all(fn.fn().value == tabs.REFRESH_S for fn in quickened)
     on_change = [fn for fn in fns if (seen._id, "change") in fn.targets]
     assert [fn.name for fn in on_change] == ["refresh_jobs"]
     # then one event, whatever the number of tabs: each event is a round trip of the browser's
@@ -612,20 +616,27 @@ def test_the_watch_changes_its_value_only_when_the_jobs_or_the_selected_jobs_eve
 ):
     from webapp.db import add_event
 
-    assert session.watch("", 1, False, None) == [gr.skip(), gr.skip()]  # signed out: nothing asked
+    assert session.watch("", 1, False, None, tabs.REFRESH_S) == [gr.skip()] * 3  # signed out: nothing asked
     job_id = create_job(client, token, config)["id"]
-    seen, kept = session.watch(token, job_id, False, None)
-    assert kept == gr.skip() and seen[1][0] == job_id
-    assert session.watch(token, job_id, False, seen) == [gr.skip(), gr.skip()]  # nothing new: no change event
+    seen, kept, pace = session.watch(token, job_id, False, None, tabs.REFRESH_S)
+    assert kept == gr.skip() and seen[1][0] == job_id and pace == gr.skip()  # a queued job: the timer stays quick
+    nothing_new = session.watch(token, job_id, False, seen, tabs.REFRESH_S)
+    assert nothing_new[:2] == [gr.skip(), gr.skip()]  # no change event
     with db_session() as s:
         add_event(s, job_id, "log", {"message": "waiting for the reward server"})
-    newer, _ = session.watch(token, job_id, False, seen)
+    newer, _, _ = session.watch(token, job_id, False, seen, tabs.REFRESH_S)
     assert newer[0] == seen[0] and newer[1][1] > seen[1][1]  # the jobs list is the same, the job has news
-    assert session.watch(token, job_id, False, newer) == [gr.skip(), gr.skip()]
+    assert session.watch(token, job_id, False, newer, tabs.REFRESH_S)[:2] == [gr.skip(), gr.skip()]
     create_job(client, token, config, name="another")
-    assert session.watch(token, job_id, False, newer)[0][0] != newer[0]  # a new job in the list
-    missing = session.watch(token, 2**31 - 1, False, newer)[0]
+    assert session.watch(token, job_id, False, newer, tabs.REFRESH_S)[0][0] != newer[0]  # a new job in the list
+    missing = session.watch(token, 2**31 - 1, False, newer, tabs.REFRESH_S)[0]
     assert missing[1] == [2**31 - 1, None]  # not the user's: its page says so, the watch goes on
+
+    for job in client.get("/api/v1/jobs", headers=bearer(token)).json["items"]:  # nothing runs any more
+        put_in_state(db_session, job["id"], "succeeded", 2, False)
+    *_, pace = session.watch(token, job_id, False, newer, tabs.REFRESH_S)
+    assert isinstance(pace, gr.Timer) and pace.value == tabs.IDLE_REFRESH_S  # then the timer slows down
+    assert session.watch(token, job_id, False, newer, tabs.IDLE_REFRESH_S)[2] == gr.skip()  # and stays so
 
 
 def test_the_open_tabs_refreshes_run_and_only_theirs():

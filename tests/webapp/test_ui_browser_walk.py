@@ -423,8 +423,6 @@ def test_removing_a_catalogue_entry_asks_first_and_says_what_it_does(browser_sta
 
 
 IDLE_CPU_SHARE = 0.05  # of one core, each of Chromium and the dashboard's process, with a finished job open
-
-
 IDLE_WINDOW_S = 15.0
 
 
@@ -500,7 +498,7 @@ def test_a_finished_jobs_page_offers_its_model_idles_and_forgets_it_for_an_unkno
     wait_text(page, "job-summary", f"Job {2**31 - 1} does not exist or is not yours", 30)
     page.wait_for_function("() => ![...document.querySelectorAll('[id^=plot-]')].some((p) => p.offsetParent)",
                            timeout=10_000)  # fmt: skip
-    assert text(page, "event-log").strip() == ""
+    assert page.locator("#event-log textarea").input_value() == ""
     assert page.locator("#checkpoints tbody tr").filter(has_text="KB").count() == 0
     assert page.locator("#checkpoints tbody tr").filter(has_text="MB").count() == 0
     assert page.locator("#download-model").is_disabled()

@@ -51,14 +51,21 @@ def launch(app, host: str, port: int, **kwargs):
 
     Gradio's `/gradio_api/upload` takes files from anyone who reaches the dashboard, signed in or not (its only
     sign-in is its own `auth`, which the dashboard does not use: it signs in with API tokens): each file is capped
-    at ALIGNER_MAX_UPLOAD_BYTES (413 past it), the API's own cap on a dataset.
+    at ALIGNER_MAX_UPLOAD_BYTES (413 past it), the API's own cap on a dataset. Idle, the page and the server cost
+    next to nothing (webapp/ui/page_head.py).
     """
+    from starlette.middleware import Middleware
+
     from webapp.settings import service_settings
     from webapp.ui.charts import KEEP_ZOOM_JS
+    from webapp.ui.page_head import IDLE_FRAMES_JS, HeadScript, quiet_queue
 
     app.queue(default_concurrency_limit=8)
+    quiet_queue(app)
+    head_first = [Middleware(HeadScript, script=IDLE_FRAMES_JS)]
     return app.launch(server_name=host, server_port=port, ssr_mode=False, css=CSS, js=KEEP_ZOOM_JS, footer_links=[],
-                      show_error=True, max_file_size=service_settings().max_upload_bytes, **kwargs)  # fmt: skip
+                      show_error=True, max_file_size=service_settings().max_upload_bytes,
+                      app_kwargs={"middleware": head_first}, **kwargs)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> None:

@@ -175,11 +175,12 @@ def jobs_tab(session: Session) -> gr.Dataframe:
         return [f"Job {jid} deleted.", table, hide, still, *session.unchanged()]
 
     refresh_inputs = [session.token, session.job_id, all_users]
-    watched = [session.token, session.job_id, all_users, session.seen]
-    session.timer.tick(session.watch, watched, [session.seen, session.token], show_progress="hidden")
+    watched = [session.token, session.job_id, all_users, session.seen, session.timer]
+    session.timer.tick(session.watch, watched, [session.seen, session.token, session.timer], show_progress="hidden")
     session.ticked = session.seen.change(
         session.refresh_jobs, refresh_inputs, [jobs_table, *session.auth_outputs], show_progress="hidden"
     )
+    session.quicken(session.job_id, jobs_table)
     session.follow_tab(tab, "jobs")
     jobs_table.select(select_row, [jobs_table], [session.job_id])
     session.job_id.change(

@@ -26,8 +26,12 @@ import gradio as gr
 from webapp.ui import catalogue
 from webapp.ui.api import REJECTED, Api, ApiError
 from webapp.ui.frames import jobs_frame
+from webapp.ui.job_view import ACTIVE
 
-REFRESH_S = 2.0
+REFRESH_S = 2.0  # the watch's period while a job is queued or running
+# ... and while none is: Gradio copies every shown value of the page on every event (its loading statuses), so a tick
+# of a Job page with its charts costs the browser ~0.3 s of CPU (issue 30: an idle page's CPU).
+IDLE_REFRESH_S = 30.0
 JOBS, ADMIN_JOBS = "/jobs", "/admin/jobs"  # a user's own jobs; every user's (admins), with the same actions
 FORBIDDEN = 403  # the API's answer to a user who is not an admin
 SIGNED_OUT = f"Signed out ({REJECTED})."
@@ -115,16 +119,18 @@ class Session:
         except ApiError as err:
             return [gr.update(), *(self.signed_out() if err.rejected else self.unchanged())]
 
-    def watch(self, token: str, selected, all_users: bool, seen) -> list:
-        """[seen, token]: a value that changes when what the dashboard shows may have (a digest of the jobs list, the
-        selected job's id and newest event id), `seen` left as it is otherwise, so that its change event fires only
-        then; a rejected token dropped."""
+    def watch(self, token: str, selected, all_users: bool, seen, interval: float) -> list:
+        """[seen, token, timer]: a value that changes when what the dashboard shows may have (a digest of the jobs
+        list, the selected job's id and newest event id), `seen` left as it is otherwise, so that its change event
+        fires only then; a rejected token dropped; the timer at REFRESH_S while a listed job is queued or running
+        (or the selected one has news), else at IDLE_REFRESH_S (`interval`: the timer's now)."""
         if not token:
-            return [gr.skip(), gr.skip()]
+            return [gr.skip(), gr.skip(), gr.skip()]
         try:
             api = self.api(token)
             listed = jobs_page(api, all_users)
             jobs = hashlib.sha256(json.dumps(listed, sort_keys=True).encode()).hexdigest()
+            live = any(job.get("status") in ACTIVE for job in listed[0].get("items", []))
             jid = job_id_of(selected)
             newest = None
             if jid is not None:
@@ -133,14 +139,22 @@ class Session:
                 try:
                     new = api.events(jid, after=after or 0)
                     newest = [jid, new[-1]["id"] if new else after]
+                    live = live or bool(new and known)
                 except ApiError as err:
                     if err.rejected:
                         raise
                     newest = [jid, None]  # not (any more) a job of this user's: its page says so
         except ApiError as err:
-            return [gr.skip(), "" if err.rejected else gr.skip()]
+            return [gr.skip(), "" if err.rejected else gr.skip(), gr.skip()]
         now = [jobs, newest]
-        return [gr.skip() if now == seen else now, gr.skip()]
+        pace = REFRESH_S if live else IDLE_REFRESH_S
+        return [gr.skip() if now == seen else now, gr.skip(), gr.skip() if interval == pace else gr.Timer(pace)]
+
+    def quicken(self, *components) -> None:
+        """A change of any of `components` (the selected job, the Jobs table: a submit, a resume, a job listed)
+        sets the timer back to REFRESH_S; the watch slows it again once it sees nothing running."""
+        for component in components:
+            component.change(lambda: gr.Timer(REFRESH_S), None, self.timer, show_progress="hidden")
 
     def every_tick(self, fn: Callable, inputs: list, outputs: list, tab: str) -> None:
         """Run `fn` when the watch sees a change while `tab` is the open one (a hidden tab neither asks the API nor
