@@ -149,7 +149,9 @@ def job_page_tab(session: Session) -> None:
     with gr.Tab("Job page", id="job") as tab:
         summary = gr.Markdown(PICK_A_JOB, elem_id="job-summary")
         with gr.Row():
-            model_button = gr.Button("Download model", elem_id="download-model", interactive=False, scale=0)
+            model_button = gr.Button(
+                "Download model", elem_id="download-model", interactive=False, size="sm", scale=0, min_width=160
+            )
             model_file = gr.File(label="Final policy zip", elem_id="model-file", interactive=False, visible=False)
             model_msg = gr.Markdown(elem_id="model-msg")
         with gr.Row():
