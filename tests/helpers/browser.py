@@ -134,6 +134,8 @@ def wait_text(page, elem_id: str, pattern: str, timeout_s: float = 120) -> str:
     try:
         shown = page.wait_for_function(_SHOWN_JS, arg=[elem_id, pattern], polling=POLL_MS, timeout=timeout_s * 1000)
     except PlaywrightTimeout:
+        ARTIFACTS.mkdir(exist_ok=True)  # what the page showed instead, for whoever reads the failure
+        page.screenshot(path=ARTIFACTS / f"never-{elem_id}.png", full_page=True)
         raise AssertionError(f"#{elem_id} never showed {pattern!r}; it shows: {text(page, elem_id)[:1000]}") from None
     return shown.json_value()
 

@@ -594,10 +594,11 @@ def test_the_timer_only_watches_and_a_change_refreshes_the_jobs_table_then_the_o
     # the watch shows nothing (states, and its own timer's pace): a visible output is redrawn by every event
     assert all(isinstance(block, gr.State | gr.Timer) for block in on_tick[0].outputs)
     seen, timer = on_tick[0].outputs[0], on_tick[0].outputs[2]
-    # a job selected or the Jobs table changed (a submit, a resume) sets a slowed timer back to its quick pace
+    # a job selected (a submit selects its job), resumed or retried sets a slowed timer back to its quick pace
     quickened = [fn for fn in fns if [block._id for block in fn.outputs] == [timer._id]]
-    sources = {app.blocks[target].elem_id for fn in quickened for target, event in fn.targets if event == "change"}
-    assert sources == {"job-id", "jobs-table"} and all(fn.fn().value == tabs.REFRESH_S for fn in quickened)
+    after = {app.fns[fn.trigger_after].name for fn in quickened}
+    assert len(quickened) == 3 and all(fn.fn().value == tabs.REFRESH_S for fn in quickened)
+    assert after == {"refresh_jobs", "resume_job", "retry_job"}, after
     on_change = [fn for fn in fns if (seen._id, "change") in fn.targets]
     assert [fn.name for fn in on_change] == ["refresh_jobs"]
     # then one event, whatever the number of tabs: each event is a round trip of the browser's

@@ -180,10 +180,9 @@ def jobs_tab(session: Session) -> gr.Dataframe:
     session.ticked = session.seen.change(
         session.refresh_jobs, refresh_inputs, [jobs_table, *session.auth_outputs], show_progress="hidden"
     )
-    session.quicken(session.job_id, jobs_table)
     session.follow_tab(tab, "jobs")
     jobs_table.select(select_row, [jobs_table], [session.job_id])
-    session.job_id.change(
+    selected = session.job_id.change(
         session.refresh_jobs, refresh_inputs, [jobs_table, *session.auth_outputs], show_progress="hidden"
     )
     all_users.change(lambda on: gr.update(label=table_label(on)), [all_users], [jobs_table]).then(
@@ -200,9 +199,11 @@ def jobs_tab(session: Session) -> gr.Dataframe:
     buttons["cancel"].click(ask_to_cancel, [jobs_table, session.job_id], [confirm_row, confirm_msg, action_msg])
     confirm.click(action("cancel"), [session.token, session.job_id, all_users], outputs(confirm_row))
     keep.click(lambda: (gr.update(visible=False), "Kept running."), None, [confirm_row, action_msg])
-    buttons["resume"].click(action("resume"), [session.token, session.job_id, all_users], outputs(confirm_row))
+    resume_inputs = [session.token, session.job_id, all_users]
+    resumed = buttons["resume"].click(action("resume"), resume_inputs, outputs(confirm_row))
     buttons["retry"].click(ask_to_retry, [jobs_table, session.job_id], [retry_row, retry_msg, action_msg, asked_retry])
-    confirm_retry.click(action("retry"), [session.token, asked_retry, all_users], outputs(retry_row))
+    retried = confirm_retry.click(action("retry"), [session.token, asked_retry, all_users], outputs(retry_row))
+    session.quicken(selected, resumed, retried)
     keep_results.click(lambda: (gr.update(visible=False), "Kept."), None, [retry_row, action_msg])
     buttons["delete"].click(ask_to_delete, [jobs_table, session.job_id], [delete_row, delete_msg, action_msg, asked])
     delete_outputs = [action_msg, jobs_table, delete_row, session.job_id, *session.auth_outputs]

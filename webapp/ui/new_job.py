@@ -374,7 +374,10 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
           show_progress="hidden")  # fmt: skip
     field_errs = [errs[key] for key in FORM_FIELDS]
     form_inputs = [session.token, advanced, *inputs.values()]
-    submit.click(do_submit, form_inputs, [submit_msg, session.job_id, *field_errs, *session.auth_outputs])
-    dry_btn.click(do_dry_run, form_inputs, [dry_msg, *field_errs, *session.auth_outputs])
+    # The progress shows on the button's message only, not on each field's error line.
+    submit.click(do_submit, form_inputs, [submit_msg, session.job_id, *field_errs, *session.auth_outputs],
+                 show_progress_on=[submit_msg])  # fmt: skip
+    dry_btn.click(do_dry_run, form_inputs, [dry_msg, *field_errs, *session.auth_outputs], show_progress_on=[dry_msg])
     try_inputs = [session.token, advanced, try_prompts, try_samples, *inputs.values()]
-    try_btn.click(do_try, try_inputs, [try_msg, try_groups, try_table, *field_errs, *session.auth_outputs])
+    try_btn.click(do_try, try_inputs, [try_msg, try_groups, try_table, *field_errs, *session.auth_outputs],
+                  show_progress_on=[try_msg, try_table])  # fmt: skip
