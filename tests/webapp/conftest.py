@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -180,3 +181,29 @@ def browser_page(shared_chromium):
         yield context.new_page()
     finally:
         context.close()
+
+
+@pytest.fixture
+def api_url(app):
+    """The `app` fixture's API served over HTTP on a free port (a thread): the dashboard's requests go over the
+    network as they do in production."""
+    from werkzeug.serving import make_server
+
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    thread.join(10)
+
+
+@pytest.fixture
+def session(api_url):
+    """The dashboard's Session for that API (its components need a Blocks around them)."""
+    import gradio as gr
+
+    from webapp.ui import tabs
+
+    with gr.Blocks():
+        session, _sign_in = tabs.header(api_url)
+    return session

@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-import threading
 
 import gradio as gr
 import pytest
@@ -283,30 +282,6 @@ def test_the_form_starts_from_the_configs_defaults():
 
 
 # ------------------------------------------------------------------------------------------ against a live API
-@pytest.fixture
-def api_url(app):
-    """The `app` fixture's API served over HTTP on a free port (a thread): the dashboard's requests go over the
-    network as they do in production."""
-    from werkzeug.serving import make_server
-
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    thread.join(10)
-
-
-@pytest.fixture
-def session(api_url):
-    """The dashboard's Session for that API (its components need a Blocks around them)."""
-    import gradio as gr
-
-    with gr.Blocks():
-        session, _sign_in = tabs.header(api_url)
-    return session
-
-
 @pytest.fixture
 def model_folder(tmp_path):
     """A Hugging Face-shaped folder on the API's server: config.json and a safetensors file of 10 parameters."""

@@ -6,8 +6,6 @@ tests/webapp/test_ui_browser_walk.py drives the same in Chromium."""
 
 from __future__ import annotations
 
-import threading
-
 import gradio as gr
 import pytest
 
@@ -16,19 +14,6 @@ from webapp import ui
 from webapp.ui import api, catalogue, compare, tabs
 
 METRIC = "train_rollouts/rewards"
-
-
-@pytest.fixture
-def api_url(app):
-    """The `app` fixture's API served over HTTP on a free port (a thread), as the dashboard reaches it."""
-    from werkzeug.serving import make_server
-
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    thread.join(10)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import gradio as gr
 import pytest
 
 from tests.helpers.api import bearer, create_job, put_in_state
-from tests.webapp.test_ui import api_url, session, unchanged  # noqa: F401 (fixtures)
+from tests.webapp.test_ui import unchanged
 from webapp import ui
 from webapp.ui import frames
 

@@ -214,19 +214,23 @@ def job_page_tab(session: Session) -> None:
         return [words, "", *[hidden] * NUM_PLOTS, "", checkpoints_frame({}), state, gr.update(interactive=False),
                 *[hidden, ""] * 2]  # fmt: skip
 
+    def fetch_zip(token: str, path: str, name: str, what: str) -> tuple:
+        """[file, message]: the zip the API sends at `path`, handed to the browser as `name`; `what` names it."""
+        target = download_target(name)
+        try:
+            session.api(token).download(path, target)
+        except ApiError as err:
+            target.unlink(missing_ok=True)
+            return gr.update(value=None, visible=False), f"{what} cannot be downloaded: {err.message}"
+        return gr.update(value=str(target), visible=True), f"{what}: {human_bytes(target.stat().st_size)}"
+
     def download_model(token: str, state: dict):
         """[model file, message]: the job's final policy (GET /jobs/{id}/model), a zip of its Hugging Face folder."""
         jid = (state or {}).get("job_id")
         if not token or jid is None:
             return gr.update(), "Sign in and select a job first."
-        target = download_target(f"job_{jid}_final_policy.zip")
-        try:
-            session.api(token).download(f"/jobs/{jid}/model", target)
-        except ApiError as err:
-            target.unlink(missing_ok=True)
-            return gr.update(value=None, visible=False), f"The model cannot be downloaded: {err.message}"
-        size = human_bytes(target.stat().st_size)
-        return gr.update(value=str(target), visible=True), f"Final policy of job {jid}: {size} (a Hugging Face folder)"
+        name = f"job_{jid}_final_policy.zip"
+        return fetch_zip(token, f"/jobs/{jid}/model", name, f"Final policy of job {jid} (a Hugging Face folder)")
 
     def redraw(state: dict, smooth: float, log: bool):
         return draw(state or {}, smooth, log)
@@ -240,14 +244,8 @@ def job_page_tab(session: Session) -> None:
             return gr.update(), "Select a checkpoint's row."
         if not token or jid is None:
             return gr.update(), "Sign in and select a job first."
-        target = download_target(f"job_{jid}_step_{step:06d}.zip")
-        try:
-            session.api(token).download(f"/jobs/{jid}/checkpoints/{step}/download", target)
-        except ApiError as err:
-            message = f"The checkpoint of step {step} cannot be downloaded: {err.message}"
-            return gr.update(value=None, visible=False), message
-        size = human_bytes(target.stat().st_size)
-        return gr.update(value=str(target), visible=True), f"Checkpoint of step {step}: {size} (to resume from)"
+        path, name = f"/jobs/{jid}/checkpoints/{step}/download", f"job_{jid}_step_{step:06d}.zip"
+        return fetch_zip(token, path, name, f"Checkpoint of step {step} (to resume from)")
 
     inputs = [session.token, session.job_id, view, smoothing, log_y]
     session.every_tick(refresh_job_page, inputs, outputs, tab="job")

@@ -11,6 +11,7 @@ No `from __future__ import annotations` here: Gradio reads a handler's `gr.Selec
 """
 
 import contextlib
+from collections.abc import Callable
 
 import gradio as gr
 import pandas as pd
@@ -133,29 +134,25 @@ def jobs_tab(session: Session) -> gr.Dataframe:
         question = f"**Cancel {_label(table, jid)}?** Its run stops; a checkpoint lets it resume."
         return gr.update(visible=True), question, ""
 
-    def ask_to_retry(table: pd.DataFrame, selected):
-        """[the confirmation row, its question, message, the job asked about]: the confirmation retries that job,
+    def asking(selected, question: Callable[[int], str]):
+        """[the confirmation row, its question, message, the job asked about]: the confirmation acts on that job,
         whatever is selected by then."""
         jid = job_id_of(selected)
         if jid is None:
             return gr.update(visible=False), "", "Select a job first.", None
-        question = (
+        return gr.update(visible=True), question(jid), "", jid
+
+    def ask_to_retry(table: pd.DataFrame, selected):
+        return asking(selected, lambda jid: (
             f"**Retry {_label(table, jid)} from scratch?** It runs again from step 0: {RETRY_DELETES} are deleted "
             "for good (its events are kept). To continue from its last checkpoint instead, Resume it."
-        )
-        return gr.update(visible=True), question, "", jid
+        ))  # fmt: skip
 
     def ask_to_delete(table: pd.DataFrame, selected):
-        """[the confirmation row, its question, message, the job asked about]: the confirmation deletes that job,
-        whatever is selected by then."""
-        jid = job_id_of(selected)
-        if jid is None:
-            return gr.update(visible=False), "", "Select a job first.", None
-        question = (
+        return asking(selected, lambda jid: (
             f"**Delete {_label(table, jid)}?** Its checkpoints, final policy, metrics and samples are "
             "deleted for good and it leaves this list. This cannot be undone."
-        )
-        return gr.update(visible=True), question, "", jid
+        ))  # fmt: skip
 
     def delete_job(token: str, asked, selected, every_user: bool = False):
         """[message, Jobs table, the confirmation row, the selected job, token, sign-in line]: DELETE /jobs/{id}
