@@ -368,9 +368,12 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
     inputs["reward_function"].change(describe_function, [lists, inputs["reward_function"]], [function_help])
     for key, box in inputs.items():  # a fixed field's error goes at once
         box.change(lambda: "", None, errs[key], show_progress="hidden")
-    changes = [preset.change, advanced.change, *(box.change for box in inputs.values())]
-    gr.on(changes, stale, None, [dry_msg, try_msg, try_groups, try_table], show_progress="hidden")
-    gr.on([lists.change, *changes[1:]], show_warnings, [lists, advanced, *inputs.values()], warnings_msg,
+    # A user's edit makes a dry run's or try's answer stale; a field the dashboard sets itself (the lists refilled,
+    # a new upload picked) does not: it lands while a try runs and would wipe its answer once it comes.
+    edits = [preset.change, advanced.input, *(box.input for box in inputs.values())]
+    gr.on(edits, stale, None, [dry_msg, try_msg, try_groups, try_table], show_progress="hidden")
+    changes = [advanced.change, *(box.change for box in inputs.values())]
+    gr.on([lists.change, *changes], show_warnings, [lists, advanced, *inputs.values()], warnings_msg,
           show_progress="hidden")  # fmt: skip
     field_errs = [errs[key] for key in FORM_FIELDS]
     form_inputs = [session.token, advanced, *inputs.values()]
