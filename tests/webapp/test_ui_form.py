@@ -303,8 +303,9 @@ def test_stale_results_go_when_the_form_changes_and_a_cleared_upload_takes_its_l
 
     stale = {"dry-msg", "try-msg", "try-groups", "try-table"}
     fields = {f"f-{key}" for key in form.FORM_FIELDS}
-    assert "preset" in wiring("change", stale) and {"advanced", *fields} <= wiring("input", stale)
-    assert not fields & wiring("change", stale)
+    pickers = {f"f-{key}" for key in new_job.PICKERS}
+    assert {"preset", "advanced", *(fields - pickers)} <= wiring("change", stale) and pickers <= wiring("input", stale)
+    assert not pickers & wiring("change", stale)
     clear = next(fn for fn in app.fns.values() if {getattr(out, "elem_id", None) for out in fn.outputs} == stale)
     message, result, groups, samples = clear.fn()
     assert message == result == "" and groups.empty and samples.empty

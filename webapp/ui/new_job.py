@@ -368,9 +368,14 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
     inputs["reward_function"].change(describe_function, [lists, inputs["reward_function"]], [function_help])
     for key, box in inputs.items():  # a fixed field's error goes at once
         box.change(lambda: "", None, errs[key], show_progress="hidden")
-    # A user's edit makes a dry run's or try's answer stale; a field the dashboard sets itself (the lists refilled,
-    # a new upload picked) does not: it lands while a try runs and would wipe its answer once it comes.
-    edits = [preset.change, advanced.input, *(box.input for box in inputs.values())]
+    # A user's edit makes a dry run's or try's answer stale; a pick the dashboard sets itself (the lists refilled, a
+    # new upload picked) does not: it lands while a try runs and would wipe its answer once it comes. So the pickers
+    # count their user's input only (a text box's typing is its input too, but not a value pasted in by a script).
+    edits = [
+        preset.change,
+        advanced.change,
+        *(box.input if key in PICKERS else box.change for key, box in inputs.items()),
+    ]
     gr.on(edits, stale, None, [dry_msg, try_msg, try_groups, try_table], show_progress="hidden")
     changes = [advanced.change, *(box.change for box in inputs.values())]
     gr.on([lists.change, *changes], show_warnings, [lists, advanced, *inputs.values()], warnings_msg,
