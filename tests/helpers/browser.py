@@ -117,22 +117,24 @@ def upload_prompts(stack: dict, path: Path) -> int:
 
 # What `text` reads, computed in the page: `wait_text` polls it there (every POLL_MS) instead of over Playwright's
 # connection, so a change is seen within POLL_MS without a round trip a poll.
-_SHOWN_JS = """([id, pattern]) => {
+_SHOWN_JS = """([id, patterns]) => {
     const element = document.getElementById(id);
     if (!element) return false;
     const boxes = element.querySelectorAll("textarea, input[type=text]");
     const shown = [element.innerText, ...Array.from(boxes, (box) => box.value)].join("\\n");
-    return shown.includes(pattern) ? shown : false;
+    return patterns.some((pattern) => shown.includes(pattern)) ? shown : false;
 }"""
 POLL_MS = 100
 
 
-def wait_text(page, elem_id: str, pattern: str, timeout_s: float = 120) -> str:
-    """What `text(page, elem_id)` shows once it contains `pattern`; AssertionError after `timeout_s`."""
+def wait_text(page, elem_id: str, pattern: str | tuple[str, ...], timeout_s: float = 120) -> str:
+    """What `text(page, elem_id)` shows once it contains `pattern` (or one of several); AssertionError after
+    `timeout_s`."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+    patterns = [pattern] if isinstance(pattern, str) else list(pattern)
     try:
-        shown = page.wait_for_function(_SHOWN_JS, arg=[elem_id, pattern], polling=POLL_MS, timeout=timeout_s * 1000)
+        shown = page.wait_for_function(_SHOWN_JS, arg=[elem_id, patterns], polling=POLL_MS, timeout=timeout_s * 1000)
     except PlaywrightTimeout:
         ARTIFACTS.mkdir(exist_ok=True)  # what the page showed instead, for whoever reads the failure
         page.screenshot(path=ARTIFACTS / f"never-{elem_id}.png", full_page=True)

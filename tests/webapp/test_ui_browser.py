@@ -210,8 +210,7 @@ def test_the_form_uploads_tries_the_reward_and_the_samples_diff_a_followed_promp
     fill(page, "try-samples", 2)
     page.click("#try-reward")
     wait_text(page, "try-msg", "4 samples of 2 prompts", 90)
-    tried = text(page, "try-table")
-    assert any(prompt in tried for prompt in ("the cat", "a dog", "the sea")), tried
+    wait_text(page, "try-table", ("the cat", "a dog", "the sea"), 30)  # the table draws its rows a moment later
     assert "spread" in text(page, "try-groups")
     page.screenshot(path=ARTIFACTS / "ui-form-try.png", full_page=True)
 

@@ -280,7 +280,7 @@ def test_a_zoomed_chart_keeps_its_zoom_as_steps_come_and_gold_rewards_have_their
         page.mouse.move(box["x"] + box["width"] * 0.3, y, steps=5)
         page.mouse.up()
         try:
-            zoomed = wait_chart(page, f"s.range[1] - s.range[0] < {span / 2}", 2)
+            zoomed = wait_chart(page, f"s.range[1] - s.range[0] < {span / 2}", 5)
             break
         except PlaywrightTimeout:
             continue
