@@ -161,7 +161,8 @@ def seconds_per_step(job: dict, body: dict, now: dt.datetime | None = None) -> f
     last SPEED_WINDOW steps, the run's first step (its warm-up) left out once there are others; for a run logged
     without it, of timers/step (the step alone); without either, the time since the job started over its steps."""
     logged = sorted(_values(body, TIMER_WALL) or _values(body, TIMER_STEP))
-    timed = [v for _s, v in (logged[1:] or logged)[-SPEED_WINDOW:]]
+    warm = [(step, value) for step, value in logged if step > 1]
+    timed = [v for _s, v in (warm or logged)[-SPEED_WINDOW:]]
     if timed:
         mean = sum(timed) / len(timed)
         return mean if mean > 0 else None
