@@ -142,6 +142,20 @@ def wait_text(page, elem_id: str, pattern: str | tuple[str, ...], timeout_s: flo
     return shown.json_value()
 
 
+def wait_empty(page, elem_id: str, timeout_s: float = 30) -> None:
+    """Until component `elem_id` shows no text; AssertionError, with what it shows, after `timeout_s`."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(
+            "(id) => { const e = document.getElementById(id); return e !== null && e.innerText.trim() === ''; }",
+            arg=elem_id,
+            timeout=timeout_s * 1000,
+        )
+    except PlaywrightTimeout:
+        raise AssertionError(f"#{elem_id} still shows: {text(page, elem_id)[:500]}") from None
+
+
 def wait_charts_drawn(page, timeout_s: float = 30) -> None:
     """Until every chart on screen (the visible `plot-*` elements) has been drawn by plotly, and the page painted."""
     page.wait_for_function(

@@ -36,6 +36,7 @@ from tests.helpers.browser import (
     text,
     upload_prompts,
     wait_charts_drawn,
+    wait_empty,
     wait_text,
     watch_changes,
 )
@@ -84,20 +85,6 @@ def test_api_docs_page_lists_every_operation_offline(api_url, browser_page):
     assert not outside, outside
 
 
-def _wait_empty(page, elem_id: str, timeout_s: float = 30) -> None:
-    """Wait until component `elem_id` shows no text; AssertionError, with what it shows, after `timeout_s`."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    try:
-        page.wait_for_function(
-            "(id) => { const e = document.getElementById(id); return e !== null && e.innerText.trim() === ''; }",
-            arg=elem_id,
-            timeout=timeout_s * 1000,
-        )
-    except PlaywrightTimeout:
-        raise AssertionError(f"#{elem_id} still shows: {text(page, elem_id)[:500]}") from None
-
-
 @pytest.mark.slow(40)
 def test_the_form_warns_and_drops_what_no_longer_applies(browser_stack, browser_page, tmp_path):
     """A prompt file uploaded from the form is picked for training and validation: the form warns that validation
@@ -118,10 +105,10 @@ def test_the_form_warns_and_drops_what_no_longer_applies(browser_stack, browser_
     page.click("#dry-run")
     wait_text(page, "dry-msg", "Dry run", 60)
     fill(page, "f-name", "walk")  # any field: the answer was about the form as it was
-    _wait_empty(page, "dry-msg")
+    wait_empty(page, "dry-msg")
 
     page.locator("#f-upload").get_by_role("button", name="Clear").first.click()
-    _wait_empty(page, "upload-msg")
+    wait_empty(page, "upload-msg")
     assert "validation prompts" in text(page, "form-warnings")  # the dataset stays picked: only the line goes
 
 
