@@ -33,14 +33,15 @@ UNITS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
 
 
 def utc(timestamp: str) -> dt.datetime:
-    """The API's `2026-11-22T19:00:00+00:00` as an aware datetime (a naive one is UTC)."""
+    """The API's `2026-11-22T19:00:00+00:00` as an aware datetime in UTC (a naive one is UTC, as the database keeps
+    it)."""
     then = dt.datetime.fromisoformat(timestamp)
-    return then if then.tzinfo is not None else then.replace(tzinfo=dt.UTC)
+    return (then if then.tzinfo is not None else then.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
 
 
 def started(job: dict) -> str:
     """When the job first ran, as `11-22 19:00` in UTC; "" when it never has."""
-    return utc(job["started_at"]).astimezone(dt.UTC).strftime(STARTED_FORMAT) if job.get("started_at") else ""
+    return utc(job["started_at"]).strftime(STARTED_FORMAT) if job.get("started_at") else ""
 
 
 def duration(job: dict, now: dt.datetime | None = None) -> str:
@@ -153,7 +154,7 @@ def compare_frame(bodies: dict[str, dict], metric: str) -> pd.DataFrame:
 def clock_time(timestamp: str | None) -> str:
     """`2026-11-22T19:00:00.123456+00:00` -> "2026-11-22 19:00:00" in UTC (the column or line says UTC): whole
     seconds, short enough for a table cell."""
-    return utc(timestamp).astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if timestamp else ""
+    return utc(timestamp).strftime("%Y-%m-%d %H:%M:%S") if timestamp else ""
 
 
 CHECKPOINT_COLUMNS = ["step", "size", "saved (UTC)"]

@@ -29,7 +29,7 @@ from aligner.metrics import (
     is_gold_reward,
 )
 from aligner.rewards.builtins import BUILTIN_REWARDS, builtin_for_target
-from webapp.ui.frames import alarm_words, metrics_frame
+from webapp.ui.frames import alarm_words, metrics_frame, utc
 
 ACTIVE = ("queued", "running", "cancelling")
 HEAD_TAIL = 5  # steps averaged at each end for the change in train reward
@@ -169,16 +169,10 @@ def seconds_per_step(job: dict, body: dict, now: dt.datetime | None = None) -> f
     started, step = job.get("started_at"), job.get("step") or 0
     if not started or step < 1:
         return None
-    then = _utc(started)
+    then = utc(started)
     ended = job.get("finished_at")
-    end = _utc(ended) if ended else (now or dt.datetime.now(dt.UTC))
+    end = utc(ended) if ended else (now or dt.datetime.now(dt.UTC))
     return max(0.0, (end - then).total_seconds()) / step or None
-
-
-def _utc(text: str) -> dt.datetime:
-    """An API time (ISO 8601; a naive one is UTC, as the database keeps it) as an aware datetime in UTC."""
-    when = dt.datetime.fromisoformat(text)
-    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
 
 
 def duration(seconds: float) -> str:
@@ -306,13 +300,13 @@ def event_time(event: dict, with_day: bool = False) -> str:
     created = event.get("created_at")
     if not created:
         return ""
-    return _utc(str(created)).strftime((EVENT_DAY if with_day else "") + EVENT_TIME) + " UTC"
+    return utc(str(created)).strftime((EVENT_DAY if with_day else "") + EVENT_TIME) + " UTC"
 
 
 def event_log(events: list[dict], last: int = 200) -> str:
     """The job's events in words, newest first, each after its time (with the day when they span more than one)."""
     described = [(e, line) for e in events if (line := describe_event(e))][-last:]
-    days = {_utc(str(e["created_at"])).date() for e, _line in described if e.get("created_at")}
+    days = {utc(str(e["created_at"])).date() for e, _line in described if e.get("created_at")}
     lines = [" · ".join(filter(None, (event_time(e, len(days) > 1), line))) for e, line in described]
     return "\n".join(reversed(lines)) or "(no events yet)"
 
