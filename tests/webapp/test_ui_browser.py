@@ -223,6 +223,10 @@ def test_the_form_uploads_tries_the_reward_and_the_samples_diff_a_followed_promp
     wait_text(page, "try-table", ("the cat", "a dog", "the sea"), 30)  # the table draws its rows a moment later
     assert "spread" in text(page, "try-groups")
     page.screenshot(path=ARTIFACTS / "ui-form-try.png", full_page=True)
+    fill(page, "f-max_new_tokens", 7)  # the try was about the form as it was: its panel empties, in the browser
+    wait_empty(page, "try-msg", 10)
+    page.wait_for_function("() => !document.getElementById('try-table').innerText.includes('the cat')", timeout=10_000)
+    assert "spread" in text(page, "try-groups") and "the sea" not in text(page, "try-table")  # headers stay
 
     deadline = time.monotonic() + 120
     while (job := api.get(f"/jobs/{job_id}"))["status"] != "succeeded":

@@ -37,7 +37,7 @@ from webapp.ui.form import (
     try_tables,
     visible_fields,
 )
-from webapp.ui.tabs import Session
+from webapp.ui.tabs import Session, set_in_browser
 
 # The New job form's rows; a field that does not apply (visible_fields) is hidden.
 FORM_ROWS = [
@@ -66,6 +66,10 @@ def empty_frame(columns: list[str]):
     import pandas as pd
 
     return pd.DataFrame([], columns=columns)
+
+
+# What a user's edit leaves of the dry run's result and the try's panel, which were about the form as it was.
+STALE = ["", "", empty_frame(TRY_GROUP_COLUMNS), empty_frame(TRY_SAMPLE_COLUMNS)]
 
 
 def _form_input(key: str, value: Any):
@@ -343,10 +347,6 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
     def show_warnings(choices: dict, advanced_yaml: str, *values):
         return form_warnings(dict(zip(inputs, values, strict=True)), advanced_yaml, choices)
 
-    def stale():
-        """The dry run's result and the try's tables, emptied: they were about the form as it was."""
-        return ["", "", empty_frame(TRY_GROUP_COLUMNS), empty_frame(TRY_SAMPLE_COLUMNS)]
-
     def describe_function(choices: dict, name: str | None):
         return catalogue.function_help(choices.get("functions", {}), name)
 
@@ -356,7 +356,7 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
     for trigger in (refresh.click, session.token.change):
         trigger(refresh_lists, [session.token, *pickers], list_outputs)
     upload.upload(do_upload, [session.token, upload, *pickers], [upload_msg, *list_outputs])
-    upload.clear(lambda: "", None, upload_msg, show_progress="hidden")  # its "Uploaded ..." line went with it
+    set_in_browser([upload.clear], [upload_msg], [""])  # its "Uploaded ..." line went with it
     delete_ds.click(ask_to_delete_dataset, [lists, inputs["train_dataset"]],
                     [delete_ds_row, delete_ds_msg, upload_msg, asked])  # fmt: skip
     confirm_ds.click(do_delete_dataset, [session.token, asked, *pickers], [upload_msg, delete_ds_row, *list_outputs])
@@ -367,7 +367,7 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
     inputs["algorithm"].input(advanced_for, [inputs["algorithm"], advanced], [advanced])
     inputs["reward_function"].change(describe_function, [lists, inputs["reward_function"]], [function_help])
     for key, box in inputs.items():  # a fixed field's error goes at once
-        box.change(lambda: "", None, errs[key], show_progress="hidden")
+        set_in_browser([box.change], [errs[key]], [""])
     # A user's edit makes a dry run's or try's answer stale; a pick the dashboard sets itself (the lists refilled, a
     # new upload picked) does not: it lands while a try runs and would wipe its answer once it comes. So the pickers
     # count their user's input only (a text box's typing is its input too, but not a value pasted in by a script).
@@ -376,7 +376,7 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
         advanced.change,
         *(box.input if key in PICKERS else box.change for key, box in inputs.items()),
     ]
-    gr.on(edits, stale, None, [dry_msg, try_msg, try_groups, try_table], show_progress="hidden")
+    set_in_browser(edits, [dry_msg, try_msg, try_groups, try_table], STALE)
     changes = [advanced.change, *(box.change for box in inputs.values())]
     gr.on([lists.change, *changes], show_warnings, [lists, advanced, *inputs.values()], warnings_msg,
           show_progress="hidden")  # fmt: skip

@@ -52,6 +52,29 @@ def unchanged_value(value) -> bool:
     return isinstance(value, dict) and value == gr.skip()
 
 
+def set_in_browser(triggers: list, outputs: list, values: list) -> None:
+    """On any of `triggers`, `outputs` take `values` (what each shows once its component has postprocessed it) in the
+    browser itself, with no round trip through Gradio's queue.
+
+    Why: a reset sent to the server is one more queued event, and under load it lands after the answer of an event
+    the user started later (the submit's field errors, a try's result, an upload's line) and wipes it, or leaves
+    that output's progress timer standing (CI, issue 30). Run in the browser, it is done before the next click.
+    `browser_values` reads the values back.
+    """
+    shown = []
+    for output, value in zip(outputs, values, strict=True):
+        value = output.postprocess(value)
+        shown.append(value.model_dump() if hasattr(value, "model_dump") else value)
+    js = f"() => {json.dumps(shown[0] if len(shown) == 1 else shown)}"
+    gr.on(triggers, None, None, outputs, js=js, show_progress="hidden", queue=False)
+
+
+def browser_values(fn) -> list:
+    """The values that `fn` (a Gradio BlockFunction that `set_in_browser` made) gives its outputs, one per output."""
+    values = json.loads(fn.js.removeprefix("() => "))
+    return values if len(fn.outputs) > 1 else [values]
+
+
 def _distinct(components) -> list:
     """`components` in order, each once (a component feeds or shows in several tabs' refreshes)."""
     seen: dict[int, Any] = {}
