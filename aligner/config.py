@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from aligner.errors import ConfigError
@@ -53,6 +53,16 @@ class LoraConfig(Section):
         return names
 
 
+class FsdpConfig(Section):
+    """FSDP2 (`model.backend: fsdp`): each decoder layer, and the rest of the model, sharded over the processes."""
+
+    cpu_offload: bool = Field(
+        False,
+        description="Keep the sharded parameters, gradients and optimiser state in host memory, moved to the device "
+        "layer by layer (torch's CPUOffloadPolicy): the least device memory, the slowest steps. For CUDA devices.",
+    )
+
+
 class ModelConfig(Section):
     """The policy to align.
 
@@ -81,15 +91,24 @@ class ModelConfig(Section):
     keep_freed_memory: bool = Field(
         True, description="On Linux, let glibc reuse freed large blocks instead of unmapping them (faster on CPU)."
     )
-    gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory in training.")
+    activation_checkpointing: bool = Field(
+        False,
+        validation_alias=AliasChoices("activation_checkpointing", "gradient_checkpointing"),
+        description="Recompute each decoder layer's activations in the backward instead of keeping them: less memory "
+        "for more compute, with backend hf (and LoRA) or fsdp. The older name `gradient_checkpointing` is read too.",
+    )
     lora: LoraConfig = Field(
         default_factory=LoraConfig, description="LoRA adapters; the default (r: 0) trains the full model."
     )
-    backend: Literal["hf", "megatron"] = Field(
+    backend: Literal["hf", "fsdp", "megatron"] = Field(
         "hf",
-        description="What trains: 'hf', the Hugging Face model itself, or 'megatron', a Megatron-Core GPTModel "
-        "converted from it (the `megatron` extra; CUDA + NCCL under torchrun). Generation always uses the HF model.",
+        description="What trains (docs/scaling.md): 'hf', the Hugging Face model itself, whole on every process "
+        "(data parallel under torchrun); 'fsdp', the same model sharded over the processes with FSDP2 (weights, "
+        "gradients and optimiser state split: for a model whose training state does not fit one device); or "
+        "'megatron', a Megatron-Core GPTModel converted from it (the `megatron` extra; tensor and pipeline "
+        "parallel). Generation always uses the HF model's full weights.",
     )
+    fsdp: FsdpConfig = Field(default_factory=FsdpConfig, description="Settings of backend fsdp.")
     tensor_model_parallel_size: int = Field(
         1, ge=1, description="Megatron backend: processes (GPUs) each layer's weights are split over."
     )
@@ -735,6 +754,8 @@ def combination_errors(config: TrainConfig) -> list[tuple[str, str]]:
         for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
             if getattr(model, name) > 1:
                 broken.append((f"model.{name}", f"{getattr(model, name)} needs model.backend: megatron"))
+    if model.fsdp.cpu_offload and model.backend != "fsdp":
+        broken.append(("model.fsdp.cpu_offload", f"true needs model.backend: fsdp (not {model.backend})"))
 
     # What the Megatron backend trains: the full model, one optimiser step per rollout, in model.dtype.
     if megatron:
@@ -748,6 +769,9 @@ def combination_errors(config: TrainConfig) -> list[tuple[str, str]]:
             # The ranks of one model-parallel group must see the same prompts; the queue deals chunks to single ranks.
             "reinforce.dynamic_batching (the ranks of a model-parallel group must see the same prompts)": (
                 reinforce.dynamic_batching
+            ),
+            "model.activation_checkpointing (backends hf and fsdp recompute activations)": (
+                model.activation_checkpointing
             ),
         }
         broken += [
@@ -775,6 +799,8 @@ def combination_errors(config: TrainConfig) -> list[tuple[str, str]]:
         refused = {
             "algorithm: ppo (its critic scores each rollout on-policy)": ppo,
             "model.backend: megatron": megatron,
+            # Refitting the engine gathers the shards, a collective that must stay on the training thread.
+            "model.backend: fsdp": model.backend == "fsdp",
             "reinforce.dynamic_batching (its queue is collective; collectives stay on the training thread)": (
                 reinforce.dynamic_batching
             ),

@@ -246,7 +246,7 @@ class ReinforceTrainer:
         else:
             # Built from the initial weights before any checkpoint is loaded: the KL is always to the SFT policy.
             self.reference = ReferencePolicy(self.policy, compute_dtype(cfg.model.precision))
-        if cfg.model.gradient_checkpointing and not self.uses_megatron:
+        if cfg.model.activation_checkpointing:
             self.policy.gradient_checkpointing_enable()
         cfg.generation.compile = resolve_compile(cfg.generation.compile, self.device, self.total_steps)
         self.generator = build_generator(cfg, self.policy, self.tokenizer, eos_token_ids(self.policy, self.tokenizer))
