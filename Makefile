@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 DEMO_DIR ?= demo_assets
 DATA_DIR ?= aligner_data
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench gpu-wheels clean
 
 $(BIN)/aligner: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,5 +53,19 @@ lint: setup
 bench: setup
 	$(BIN)/python bench/rloo_step.py
 
+# What the GPU check (scripts/gpu_check.sh; docs/performance.md) installs on the device machine, which has Python 3.12,
+# torch and transformers but not these, and cannot download: pydantic and its own needs (typing-extensions too, for
+# the version pydantic asks), and megatron-core for model.backend megatron. Wheels for that machine, not this one.
+GPU_WHEELS := .gpu-wheels
+GPU_WHEEL_PINS := pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+	typing-extensions==4.16.0 megatron-core==0.16.1
+
+gpu-wheels: setup
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d $(GPU_WHEELS) $(GPU_WHEEL_PINS)
+	@du -cb $(GPU_WHEELS)/*.whl | tail -1 | awk '{printf "$(GPU_WHEELS): %.1f MiB of wheels\n", $$1 / 1048576}'
+
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) $(DATA_DIR) runs .pytest_cache .test-assets
+	rm -rf $(VENV) $(DEMO_DIR) $(DATA_DIR) runs .pytest_cache .test-assets $(GPU_WHEELS)
