@@ -75,7 +75,6 @@ from aligner.redact import redact_url
 from aligner.rewards.critic_client import RemoteCriticClient
 from aligner.rewards.http import RetrySettings
 from aligner.run_layout import CRITIC_DIR, CRITIC_LOG, checkpoint_steps, critic_checkpoint
-from aligner.trainers.loop import optimizer_step
 from aligner.trainers.reinforce import ReinforceTrainer
 from aligner.trainers.rollout import rollout_metrics, sample_prompt_indices, sample_rows
 
@@ -360,7 +359,7 @@ class PPOTrainer(ReinforceTrainer):
 
     def _optimise_actor(self, rollout: PPORollout) -> dict[str, float]:
         cfg = self.config
-        self.policy.train()
+        self.backend.trained.train()
         lr = self.optimizer.param_groups[0]["lr"]
         total = rollout.batch.response_ids.shape[0]
         size = -(-total // min(cfg.ppo.num_mini_batches, total))
@@ -380,7 +379,7 @@ class PPOTrainer(ReinforceTrainer):
                 loss_sum = 0.0
                 for rows, sub in self._micro_batches(batch):
                     with self.autocast():
-                        logits = grouped_response_logits(self.policy, sub)
+                        logits = grouped_response_logits(self.backend.trained, sub)
                     logprobs = token_logprobs(logits, sub.response_ids)
                     t = logprobs.shape[1]
                     sub_mask = mask[rows, :t]
@@ -402,14 +401,11 @@ class PPOTrainer(ReinforceTrainer):
                     # The clip fraction comes as clipped tokens / normalizer: back to a count, summed over the rollout.
                     clip_fraction += clipped.item() * normalizer.item()
                     entropy_sum += (entropy.detach() * sub_mask).sum().item()
-                distributed.all_reduce_gradients(self.policy.parameters())
                 # The learning rate is the step's: the scheduler moves once, after the last mini-batch.
-                grad_norms.append(
-                    optimizer_step(self.optimizer, self.policy.parameters(), cfg.optim.max_grad_norm).item()
-                )
+                grad_norms.append(self.backend.step(self.optimizer, cfg.optim.max_grad_norm))
                 losses.append(loss_sum)
             self.scheduler.step()
-            self.generator.update_weights(self.policy)
+        self._push_weights()
         # Sums over ranks: the losses (each divided by the global normaliser), clipped tokens, entropy, tokens.
         sums = distributed.all_reduce_sum(
             torch.tensor([*losses, clip_fraction, entropy_sum, rollout.loss_mask.sum().item()], dtype=torch.float64)

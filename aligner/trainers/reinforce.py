@@ -40,7 +40,6 @@ from aligner.algorithms.reinforce import (
 )
 from aligner.config import TrainConfig, save_config
 from aligner.data.prompts import PromptDataset, PromptSampler, build_prompt_dataset, read_prompt_file
-from aligner.durable import fsync_file
 from aligner.errors import ConfigError, RunDirError, ServerUnavailableError, disk_full_message
 from aligner.generation.engines import build_generator
 from aligner.generation.generator import GenerationOutput, _concat, resolve_compile
@@ -77,29 +76,17 @@ from aligner.modeling.device import (
     keep_freed_memory,
     resolve_device,
 )
-from aligner.modeling.hf import eos_token_ids, load_policy, load_tokenizer, quiet_transformers, save_policy
+from aligner.modeling.hf import eos_token_ids, load_tokenizer, quiet_transformers
 from aligner.modeling.logprobs import grouped_response_logprobs
-from aligner.modeling.lora import (
-    LoraReference,
-    load_adapter,
-    read_adapter,
-    require_peft,
-    save_adapter,
-    save_merged_policy,
-    wrap_with_lora,
-)
-from aligner.modeling.reference import ReferencePolicy
 from aligner.rewards.build import build_reward_client
 from aligner.rewards.http import ServerWait
 from aligner.run_layout import (
-    ADAPTER_DIR,
     BEST_FILE,
     CHECKPOINT_DIR,
     COMPLETED,
     FAILED,
     FINAL_POLICY_DIR,
     MAX_TIME,
-    MEGATRON_OPTIMIZER_FILE,
     SERVER_UNAVAILABLE,
     STATE_FILE,
     STOPPED,
@@ -123,7 +110,8 @@ from aligner.trainers.checkpoint import (
     write_json_atomic,
     writing_checkpoint,
 )
-from aligner.trainers.loop import RunClock, adamw, is_save_step, is_validation_step, optimizer_step, run_length
+from aligner.trainers.loop import RunClock, adamw, is_save_step, is_validation_step, run_length
+from aligner.trainers.policy_backends import HfBackend, build_backend
 from aligner.trainers.rollout import rollout_metrics, sample_prompt_indices, sample_rows, throughput_metrics
 from aligner.trainers.run_log import RunLog, Timers
 from aligner.trainers.schedule import lr_scheduler
@@ -161,7 +149,7 @@ class ReinforceTrainer:
         self.config = config
         self.run_dir = Path(config.run_dir)
         self.step = 0
-        self.megatron_model = None  # model.backend=megatron: this rank's shard of the trained policy
+        self.backend: HfBackend | None = None  # the trained policy (policy_backends.py), from `setup`
         self.timers = Timers()
         self._stop_requested = False
         self.last_validation: tuple[int, float] | None = None  # (step, val/rewards) of the latest validation
@@ -187,11 +175,9 @@ class ReinforceTrainer:
         checkpoints = self._take_run_dir(resume)
         if resume and not checkpoints and not self.skipped_checkpoints:
             print(f"no checkpoint in {self.run_dir}: starting from the beginning", file=sys.stderr)
-        if self.uses_lora:
-            require_peft()
         self.device = distributed.init(resolve_device(cfg.model.device))
-        if self.uses_megatron:
-            self._init_megatron_parallel()
+        self.backend = build_backend(cfg, self.device)
+        self.backend.init_parallel()  # model-parallel groups decide each rank's share of the data
         if cfg.reinforce.num_prompts_per_step < distributed.dp_size():
             raise ConfigError(
                 f"reinforce.num_prompts_per_step ({cfg.reinforce.num_prompts_per_step}) is global over processes and "
@@ -238,22 +224,12 @@ class ReinforceTrainer:
                     file=sys.stderr,
                 )
 
-        self.policy = load_policy(cfg.model.policy_path, cfg.model.dtype, self.device, cfg.model.attn_implementation)
-        if self.uses_lora:
-            # Only the adapters train, so the base with adapters disabled stays the SFT policy: no copy is needed.
-            self.policy = wrap_with_lora(self.policy, cfg.model.lora)
-            self.reference = LoraReference(self.policy)
-        else:
-            # Built from the initial weights before any checkpoint is loaded: the KL is always to the SFT policy.
-            self.reference = ReferencePolicy(self.policy, compute_dtype(cfg.model.precision))
-        if cfg.model.activation_checkpointing:
-            self.policy.gradient_checkpointing_enable()
+        self.policy = self.backend.load()
+        self.reference = self.backend.reference()
+        self.backend.prepare()
         cfg.generation.compile = resolve_compile(cfg.generation.compile, self.device, self.total_steps)
         self.generator = build_generator(cfg, self.policy, self.tokenizer, eos_token_ids(self.policy, self.tokenizer))
-        trained = self.policy
-        if self.uses_megatron:
-            trained = self.megatron_model = self._build_megatron_model()
-        self.optimizer = adamw([p for p in trained.parameters() if p.requires_grad], cfg.optim, self.device)
+        self.optimizer = adamw(self.backend.trainable_parameters(), cfg.optim, self.device)
         self.scheduler = lr_scheduler(
             self.optimizer,
             cfg.optim.warmup_steps,
@@ -264,9 +240,8 @@ class ReinforceTrainer:
         self.sampler = PromptSampler(len(self.train_data), cfg.seed, cfg.data.shuffle)
         if resume and (checkpoints or self.skipped_checkpoints):  # PPO's early look may have set them all aside
             self._resume()
-        # Ranks load the same files, but randomly initialised weights (adapters) must match too.
-        distributed.broadcast_parameters(self.policy.parameters())
-        self.generator.update_weights(self.policy)  # an engine's own copy of the weights takes the resumed ones
+        self.backend.same_on_every_rank()
+        self.backend.refit(self.generator)  # an engine's own copy of the weights takes the resumed ones
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if distributed.is_main():
@@ -319,66 +294,10 @@ class ReinforceTrainer:
     def final_policy_dir(self) -> Path:
         return self.run_dir / FINAL_POLICY_DIR
 
-    @property
-    def uses_lora(self) -> bool:
-        return self.config.model.lora.r > 0
-
-    @property
-    def uses_megatron(self) -> bool:
-        return self.config.model.backend == "megatron"
-
     def autocast(self):
         """The policy's and reference's forwards in `model.precision`'s compute dtype (nothing for fp32)."""
         precision = self.config.model.precision
         return autocast(precision, self.device) if compute_dtype(precision) else contextlib.nullcontext()
-
-    # ----------------------------------------------------------------------------------------------- Megatron
-    def _init_megatron_parallel(self) -> None:
-        """Megatron's TP/PP/DP groups over the process group `distributed.init` joined (world = TP x PP x DP)."""
-        from megatron.core import parallel_state
-
-        from aligner.modeling import megatron as mb
-
-        model = self.config.model
-        tp, pp = model.tensor_model_parallel_size, model.pipeline_model_parallel_size
-        if distributed.world_size() % (tp * pp):
-            raise ConfigError(
-                f"the number of processes ({distributed.world_size()}) must be a multiple of "
-                f"tensor_model_parallel_size * pipeline_model_parallel_size ({tp} * {pp})"
-            )
-        if distributed.env_world_size() <= 1:
-            raise ConfigError("model.backend=megatron runs under torchrun (torchrun --nproc_per_node N ...)")
-        mb.init_megatron_parallel(tp, pp, seed=self.config.seed)
-        leader = parallel_state.get_tensor_model_parallel_rank() == 0
-        leader = leader and parallel_state.get_pipeline_model_parallel_rank() == 0
-        distributed.set_data_parallel(
-            parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size(), leader
-        )
-
-    def _build_megatron_model(self):
-        """This rank's shard of the policy as a Megatron `GPTModel`; the HF policy stays whole for generation (and
-        is refit from the Megatron weights after every step), so it needs no gradients."""
-        from aligner.modeling import megatron as mb
-
-        model = self.config.model
-        self.policy.requires_grad_(False)
-        rng = torch.get_rng_state()  # Megatron's initialisation (overwritten by the HF weights) draws numbers
-        megatron_model = mb.build_megatron_model(
-            self.policy.config,
-            self.policy.state_dict(),
-            model.tensor_model_parallel_size,
-            model.pipeline_model_parallel_size,
-        )
-        torch.set_rng_state(rng)
-        return megatron_model
-
-    def _refit_policy(self) -> None:
-        """The HF policy (generation, checkpoints) := the Megatron weights, gathered over TP and PP."""
-        from aligner.modeling import megatron as mb
-
-        state = mb.model_to_hf_state_dict(self.megatron_model, self.policy.config)
-        self.policy.load_state_dict(state)
-        self.generator.update_weights(self.policy)
 
     # ----------------------------------------------------------------------------------------------- the loop
     def fit(self, until_step: int | None = None) -> None:
@@ -494,10 +413,8 @@ class ReinforceTrainer:
         bar.close()
         self._stop_background()
         if self.step >= total:
-            if distributed.is_main():
-                # The final policy is always a plain Hugging Face folder: LoRA adapters are merged into it.
-                save = save_merged_policy if self.uses_lora else save_policy
-                save(self.policy, self.tokenizer, self.final_policy_dir)
+            # The final policy is always a plain Hugging Face folder (LoRA adapters merged into it, shards gathered).
+            self.backend.export(self.final_policy_dir, self.tokenizer)
             distributed.barrier()
         elif distributed.is_main():
             print(f"stopped at step {self.step}; continue with --resume", file=sys.stderr)
@@ -657,9 +574,10 @@ class ReinforceTrainer:
             if self.config.reinforce.use_generation_logprobs:
                 logprobs = gen.logprobs
             else:
-                self.policy.eval()
+                module = self.backend.rollout_module
+                module.eval()
                 with self.autocast():
-                    logprobs = self._logprobs(lambda sub: grouped_response_logprobs(self.policy, sub), batch)
+                    logprobs = self._logprobs(lambda sub: grouped_response_logprobs(module, sub), batch)
         with self.timers.time(TIMER_INIT_LOGPROBS), self.autocast():
             ref_logprobs = self._logprobs(self.reference.logprobs, batch)
         return logprobs, ref_logprobs
@@ -759,7 +677,8 @@ class ReinforceTrainer:
         if self.ahead is not None:
             with self.timers.time(TIMER_GENERATE_WAIT):
                 wait_for([self.ahead.future])
-        self.generator.update_weights(self.policy)
+        with self.timers.time(TIMER_REFIT):
+            self.backend.refit(self.generator)
 
     def _ahead_state(self) -> dict[str, Any] | None:
         """The next step's samples for a checkpoint (done: `_push_weights` waited for them), or None."""
@@ -792,20 +711,16 @@ class ReinforceTrainer:
     def optimise(self, rollout: Rollout) -> dict[str, float]:
         """`reinforce.num_mini_batches` AdamW steps over consecutive mini-batches of the rollout (its advantages
         computed once), each over micro-batches with gradient accumulation; the LR schedule moves once."""
-        if self.uses_megatron:
-            return self._optimise_megatron(rollout)
-        cfg = self.config
-        self.policy.train()
+        if self.backend.steps_itself:
+            return self._optimise_whole(rollout)
+        self.backend.trained.train()
         lr = self.optimizer.param_groups[0]["lr"]
         losses, grad_norms, importance = [], [], []
         with self.timers.time(TIMER_TRAIN):
             for mini in self._mini_batches(rollout.advantages.shape[0]):
                 loss = self._accumulate_gradients(rollout, mini, importance)
-                distributed.all_reduce_gradients(self.policy.parameters())
                 losses.append(distributed.all_reduce_sum(torch.tensor(loss, device=self.device)).item())
-                grad_norms.append(
-                    optimizer_step(self.optimizer, self.policy.parameters(), cfg.optim.max_grad_norm).item()
-                )
+                grad_norms.append(self.backend.step(self.optimizer, self.config.optim.max_grad_norm))
             self.scheduler.step()
         self._push_weights()
         metrics = {
@@ -861,7 +776,7 @@ class ReinforceTrainer:
         total = 0.0
         for rows, sub in micro:
             with self.autocast():
-                logprobs = grouped_response_logprobs(self.policy, sub)
+                logprobs = grouped_response_logprobs(self.backend.trained, sub)
             sub_mask = loss_mask[rows, : logprobs.shape[1]]
             normalizer = count * sub_mask.shape[0] if aggregation == "nemo" else count
             weights = None
@@ -873,27 +788,13 @@ class ReinforceTrainer:
             total += loss.item()
         return total
 
-    def _optimise_megatron(self, rollout: Rollout) -> dict[str, float]:
-        """The same step on this rank's Megatron shard: the normaliser summed over DP ranks, clipping over every
-        shard and stage (`megatron_reinforce_step`); then the HF policy is refit for generation."""
-        from aligner.modeling import megatron as mb
-
-        cfg = self.config
+    def _optimise_whole(self, rollout: Rollout) -> dict[str, float]:
+        """The same step taken by a backend that runs it whole (Megatron's pipeline schedule), then the refit."""
         lr = self.optimizer.param_groups[0]["lr"]
         with self.timers.time(TIMER_TRAIN):
-            metrics = mb.megatron_reinforce_step(
-                self.megatron_model,
-                self.optimizer,
-                rollout.batch,
-                rollout.advantages,
-                rollout.loss_mask,
-                cfg.reinforce.loss_aggregation,
-                micro_batch_size=cfg.optim.micro_batch_size,
-                max_grad_norm=cfg.optim.max_grad_norm,
-            )
+            metrics = self.backend.reinforce_step(self.optimizer, rollout, self.config.reinforce.loss_aggregation)
             self.scheduler.step()
-        with self.timers.time(TIMER_REFIT):
-            self._refit_policy()
+        self._push_weights()
         return {**metrics, LR: lr}
 
     # ----------------------------------------------------------------------------------------------- validate
@@ -931,42 +832,27 @@ class ReinforceTrainer:
 
     # ----------------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path:
-        """Policy (HF format), optimiser, scheduler, RNG states, data position and counters, written atomically.
-
-        With LoRA the policy part is the adapters only (a peft folder): the base weights are the policy_path's.
-        """
+        """Policy (the backend's part: HF folder, adapters or shards, and optimiser), scheduler, RNG states, data
+        position and counters, written atomically."""
         final = self.run_dir / CHECKPOINT_DIR / checkpoint_name(self.step)
         tmp = final.with_name(final.name + ".tmp")
         rng_per_rank = distributed.all_gather_objects(rng_state())
         ahead_per_rank = distributed.all_gather_objects(self._ahead_state())
         self._update_best()
-        if self.uses_megatron:
-            # Each rank's optimiser holds the state of its own shard: every rank writes its file into the folder.
-            if distributed.is_main():
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
-            distributed.barrier()
-            own = tmp / MEGATRON_OPTIMIZER_FILE.format(rank=distributed.rank())
-            torch.save(self.optimizer.state_dict(), own)
-            # Rank 0 fsyncs every file before the rename, but where the ranks span nodes (a network file system) only
-            # the writer's own fsync surely reaches the disk.
-            fsync_file(own)
-            distributed.barrier()
-        if not distributed.is_main():  # every rank holds the same weights and optimiser state: rank 0 writes them
+        if distributed.is_main():
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        distributed.barrier()
+        with writing_checkpoint(tmp, self.step):
+            backend_state = self.backend.save(tmp, self.optimizer, self.tokenizer)  # every rank writes its part
+        distributed.barrier()
+        if not distributed.is_main():
             distributed.barrier()
             return final
-        if not self.uses_megatron:
-            shutil.rmtree(tmp, ignore_errors=True)
         with writing_checkpoint(tmp, self.step):
-            if self.uses_lora:
-                save_adapter(self.policy, tmp / ADAPTER_DIR)
-            else:
-                save_policy(self.policy, self.tokenizer, tmp / "policy")
             state = {
                 "step": self.step,
-                # Megatron: per rank, in MEGATRON_OPTIMIZER_FILE; the policy folder holds the gathered weights.
-                "optimizer": None if self.uses_megatron else self.optimizer.state_dict(),
-                "megatron_layout": self._megatron_layout(),
+                **backend_state,  # which backend wrote it, and the optimiser's state (or where each rank's is)
                 "scheduler": self.scheduler.state_dict(),
                 "sampler": self.sampler.state_dict(),
                 "rng": rng_per_rank[0],
@@ -1044,39 +930,13 @@ class ReinforceTrainer:
     def _read_checkpoint(self, path: Path) -> dict[str, Any]:
         """Every file of checkpoint `path` this rank needs, read before anything is restored: a file that cannot be
         loaded (`UnreadableCheckpoint`) leaves the trainer as it was, for the checkpoint before."""
-        from transformers import AutoModelForCausalLM
-
         with reading(STATE_FILE):
             state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
-        loaded: dict[str, Any] = {"state": state}
-        if self.uses_megatron:
-            self._check_megatron_layout(path, state.get("megatron_layout"))
-            own = MEGATRON_OPTIMIZER_FILE.format(rank=distributed.rank())
-            with reading(own):
-                loaded["optimizer"] = torch.load(path / own, map_location=self.device, weights_only=False)
-        if self.uses_lora:
-            with reading(ADAPTER_DIR):
-                loaded["weights"] = read_adapter(path / ADAPTER_DIR)
-        else:
-            with reading("policy"):
-                saved = AutoModelForCausalLM.from_pretrained(str(path / "policy"), dtype=self.policy.dtype)
-                loaded["weights"] = saved.state_dict()
-        return loaded
+        return {"state": state, "backend": self.backend.read(path, state)}
 
     def _apply_checkpoint(self, path: Path, loaded: dict[str, Any]) -> None:
         state = loaded["state"]
-        if self.uses_lora:
-            load_adapter(self.policy, path / ADAPTER_DIR, loaded.pop("weights"))
-        else:
-            self.policy.load_state_dict(loaded.pop("weights"))
-        if self.uses_megatron:
-            from aligner.modeling import megatron as mb
-
-            # The shard from the checkpoint's HF weights (the conversion is exact), and this rank's own optimiser.
-            mb.load_hf_weights(self.megatron_model, self.policy.state_dict(), self.policy.config)
-            self.optimizer.load_state_dict(loaded["optimizer"])
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
+        self.backend.apply(path, loaded["backend"], self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self._restore_ahead(state.get("ahead_per_rank"))
@@ -1087,21 +947,3 @@ class ReinforceTrainer:
         self.best = state.get("best")
         if distributed.is_main():
             print(f"resumed from {path} at step {self.step}", file=sys.stderr)
-
-    def _megatron_layout(self) -> dict[str, int] | None:
-        if not self.uses_megatron:
-            return None
-        model = self.config.model
-        return {
-            "tensor_model_parallel_size": model.tensor_model_parallel_size,
-            "pipeline_model_parallel_size": model.pipeline_model_parallel_size,
-            "world_size": distributed.world_size(),
-        }
-
-    def _check_megatron_layout(self, path: Path, saved_layout: dict[str, int] | None) -> None:
-        """Each rank's optimiser state is its own shard's: resuming needs the same TP, PP and number of processes."""
-        if saved_layout != self._megatron_layout():
-            raise ConfigError(
-                f"checkpoint {path} was written with the Megatron layout {saved_layout}; this run has "
-                f"{self._megatron_layout()}: resume with the same tensor/pipeline-parallel sizes and processes"
-            )

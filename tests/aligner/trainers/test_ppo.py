@@ -28,6 +28,7 @@ from aligner.run_layout import (
     write_end,
 )
 from aligner.trainers.checkpoint import best_checkpoint
+from aligner.trainers.policy_backends import HfBackend
 from aligner.trainers.ppo import PPOTrainer, critic_rows
 from aligner.trainers.reinforce import ReinforceTrainer
 from aligner.trainers.run_log import read_jsonl
@@ -181,6 +182,7 @@ def test_critic_warmup_steps_train_the_critic_only(run_config, tiny_policy_dir):
     trainer = PPOTrainer(config)
     policy, tokenizer = load_policy(tiny_policy_dir), load_tokenizer(tiny_policy_dir)
     trainer.policy, trainer.critic = policy, FakeCritic()
+    trainer.backend = HfBackend.around(config, policy)
     trainer.generator = TorchGenerator(
         policy, tokenizer, GenerationConfig(max_new_tokens=4), eos_token_ids(policy, tokenizer)
     )

@@ -24,6 +24,7 @@ from aligner.run_layout import (
     list_checkpoints,
     read_end,
 )
+from aligner.trainers.policy_backends import HfBackend
 from aligner.trainers.reinforce import ReinforceTrainer
 from aligner.trainers.run_log import read_jsonl
 from aligner.trainers.schedule import lr_multiplier
@@ -355,6 +356,7 @@ def test_nemo_loss_gradient_is_autograd_of_nemos_formula_over_micro_batches(run_
     config = run_config(reinforce={"loss_aggregation": "nemo"}, optim={"micro_batch_size": 2})
     trainer = ReinforceTrainer(config)
     trainer.policy = load_policy(config.model.policy_path)
+    trainer.backend = HfBackend.around(config, trainer.policy)
     gen = torch.Generator().manual_seed(0)
     batch = ResponseBatch(
         prompt_ids=torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]]),

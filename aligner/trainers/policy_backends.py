@@ -1,0 +1,329 @@
+"""The trained policy behind one small interface, whatever holds its weights (docs/scaling.md "Backends").
+
+- `hf`: the Hugging Face model itself, whole on every rank; gradients summed over ranks after the backward (DDP).
+- `lora`: the same with peft adapters (`model.lora.r > 0`): only they train, the base doubles as the reference.
+- `megatron`: a Megatron-Core GPTModel shard trains (tensor/pipeline parallel); the HF model is refit from it after
+  every step, for generation and checkpoints.
+
+The REINFORCE and PPO trainers call the backend and never ask which one it is. Their lifecycle:
+
+    backend = build_backend(config, device)
+    policy = backend.load()                    # the HF module generation and the reference start from
+    reference = backend.reference()            # the KL's anchor: the initial weights, before any checkpoint
+    backend.prepare()                          # what trains is built (activation checkpointing, Megatron model)
+    optimizer = adamw(backend.trainable_parameters(), ...)
+    ...  loss of a forward of `backend.trained`, backward, then
+    grad_norm = backend.step(optimizer, max_grad_norm)    # gradients reduced over ranks, clipped, one AdamW step
+    backend.refit(generator)                   # the engine takes the new weights
+    entries = backend.save(folder, optimizer, tokenizer)  # every rank: its part of a checkpoint; entries of its state
+    loaded = backend.read(folder, state); backend.apply(folder, loaded, optimizer)   # resume, in two halves
+    backend.export(folder, tokenizer)          # every rank: the final policy as a plain Hugging Face folder
+
+Anchors: NeMo-Aligner's model hooks (`prepare_for_training_step`, `finish_training_step`, `get_loss_and_metrics`)
+and its checkpoint callback; torchtune's checkpointer object. The checkpoint folder's common parts (state file,
+RNG, atomic commit) stay the trainer's (aligner/trainers/checkpoint.py): a backend writes only its weights and
+optimiser state, and reads back only what it wrote.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from aligner import distributed
+from aligner.config import TrainConfig
+from aligner.durable import fsync_file
+from aligner.errors import ConfigError
+from aligner.modeling.device import compute_dtype
+from aligner.modeling.hf import load_policy, save_policy
+from aligner.modeling.reference import ReferencePolicy
+from aligner.run_layout import ADAPTER_DIR, MEGATRON_OPTIMIZER_FILE
+from aligner.trainers.checkpoint import reading
+from aligner.trainers.loop import optimizer_step
+
+POLICY_DIR = "policy"  # a checkpoint's Hugging Face folder of the policy (the LoRA backend's is ADAPTER_DIR)
+BACKEND_KEY = "backend"  # the state file's record of the backend that wrote it
+
+
+class HfBackend:
+    """`model.backend: hf`: the Hugging Face model trains whole on every rank; after the backward its gradients are
+    summed over the ranks (`distributed.all_reduce_gradients`), so every rank takes the one-process step."""
+
+    name = "hf"
+    steps_itself = False  # MegatronBackend takes the whole rollout instead (`reinforce_step`)
+
+    def __init__(self, config: TrainConfig, device: torch.device):
+        self.config = config
+        self.device = device
+        self.policy: nn.Module | None = None
+
+    @classmethod
+    def around(cls, config: TrainConfig, policy: nn.Module) -> HfBackend:
+        """A backend for a policy that is already loaded (tests, and trainers that build their own)."""
+        backend = cls(config, next(policy.parameters()).device)
+        backend.policy = policy
+        return backend
+
+    # ------------------------------------------------------------------------------------------------- build
+    def init_parallel(self) -> None:
+        """Process groups beyond the data-parallel one (`distributed.init`'s): none here."""
+
+    def load(self) -> nn.Module:
+        model = self.config.model
+        self.policy = load_policy(model.policy_path, model.dtype, self.device, model.attn_implementation)
+        return self.policy
+
+    def reference(self):
+        """The frozen initial policy (built before any checkpoint is applied: the KL is always to the SFT policy)."""
+        return ReferencePolicy(self.policy, compute_dtype(self.config.model.precision))
+
+    def prepare(self) -> None:
+        if self.config.model.activation_checkpointing:
+            self.policy.gradient_checkpointing_enable()
+
+    @property
+    def trained(self) -> nn.Module:
+        """The module whose forward the loss runs (and whose log-probs a rollout takes when it computes them)."""
+        return self.policy
+
+    @property
+    def rollout_module(self) -> nn.Module:
+        """The module a rollout's policy log-probs come from (when generation's are not used)."""
+        return self.trained
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.trained.parameters() if p.requires_grad]
+
+    def same_on_every_rank(self) -> None:
+        """Ranks load the same files, but randomly initialised weights (adapters) must match too."""
+        distributed.broadcast_parameters(self.policy.parameters())
+
+    # ------------------------------------------------------------------------------------------------- a step
+    def step(self, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
+        """Gradients summed over ranks, clipped to `max_grad_norm`, one optimiser step; their norm before clipping."""
+        distributed.all_reduce_gradients(self.trained.parameters())
+        return optimizer_step(optimizer, self.trained.parameters(), max_grad_norm).item()
+
+    def refit(self, generator) -> None:
+        """The generation engine takes the policy's current weights."""
+        generator.update_weights(self.policy)
+
+    # ------------------------------------------------------------------------------------------------- checkpoints
+    def save(self, folder: Path, optimizer: torch.optim.Optimizer, tokenizer) -> dict[str, Any]:
+        """Every rank: write this backend's part of the checkpoint into `folder` (it exists); the entries for the
+        state file (rank 0's are kept). Every rank holds the same weights and optimiser state: rank 0 writes them."""
+        if distributed.is_main():
+            self._save_weights(folder, tokenizer)
+        return {BACKEND_KEY: self.name, "optimizer": optimizer.state_dict(), "megatron_layout": None}
+
+    def _save_weights(self, folder: Path, tokenizer) -> None:
+        save_policy(self.policy, tokenizer, folder / POLICY_DIR)
+
+    def read(self, folder: Path, state: dict[str, Any]) -> dict[str, Any]:
+        """Every file of checkpoint `folder` this rank needs, read before anything is applied (`UnreadableCheckpoint`
+        when one cannot be loaded); a checkpoint of another backend is a ConfigError."""
+        written_by = state.get(BACKEND_KEY) or _older_backend(folder, state)
+        if written_by != self.name:
+            raise ConfigError(
+                f"checkpoint {folder} was written with model.backend {written_by}; this run trains with "
+                f"{self.name}: resume with the backend (and LoRA setting) that wrote it"
+            )
+        return {"weights": self._read_weights(folder), "optimizer": state["optimizer"]}
+
+    def _read_weights(self, folder: Path) -> dict[str, torch.Tensor]:
+        from transformers import AutoModelForCausalLM
+
+        with reading(POLICY_DIR):
+            saved = AutoModelForCausalLM.from_pretrained(str(folder / POLICY_DIR), dtype=self.policy.dtype)
+            return saved.state_dict()
+
+    def apply(self, folder: Path, loaded: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+        self.policy.load_state_dict(loaded.pop("weights"))
+        optimizer.load_state_dict(loaded.pop("optimizer"))
+
+    def export(self, folder: Path, tokenizer) -> None:
+        """Every rank: the final policy as a plain Hugging Face folder (rank 0 writes it)."""
+        if distributed.is_main():
+            save_policy(self.policy, tokenizer, folder)
+
+
+class LoraBackend(HfBackend):
+    """`model.lora.r > 0` (with backend hf): peft adapters train, the base stays frozen; the base with the adapters
+    disabled is the reference (no copy), and a checkpoint holds the adapters only (the base is policy_path's)."""
+
+    name = "lora"
+
+    def load(self) -> nn.Module:
+        from aligner.modeling.lora import require_peft, wrap_with_lora
+
+        require_peft()
+        self.policy = wrap_with_lora(super().load(), self.config.model.lora)
+        return self.policy
+
+    def reference(self):
+        from aligner.modeling.lora import LoraReference
+
+        return LoraReference(self.policy)
+
+    def _save_weights(self, folder: Path, tokenizer) -> None:
+        from aligner.modeling.lora import save_adapter
+
+        save_adapter(self.policy, folder / ADAPTER_DIR)
+
+    def _read_weights(self, folder: Path) -> dict[str, torch.Tensor]:
+        from aligner.modeling.lora import read_adapter
+
+        with reading(ADAPTER_DIR):
+            return read_adapter(folder / ADAPTER_DIR)
+
+    def apply(self, folder: Path, loaded: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+        from aligner.modeling.lora import load_adapter
+
+        load_adapter(self.policy, folder / ADAPTER_DIR, loaded.pop("weights"))
+        optimizer.load_state_dict(loaded.pop("optimizer"))
+
+    def export(self, folder: Path, tokenizer) -> None:
+        """The adapters merged into a copy of the base: a plain Hugging Face folder."""
+        from aligner.modeling.lora import save_merged_policy
+
+        if distributed.is_main():
+            save_merged_policy(self.policy, tokenizer, folder)
+
+
+class MegatronBackend(HfBackend):
+    """`model.backend: megatron`: this rank's shard of a Megatron-Core GPTModel trains (one optimiser step per
+    rollout, `megatron_reinforce_step`); the HF policy stays whole for generation and checkpoints, refit from the
+    shards after every step, so it needs no gradients. Each rank's optimiser state is its shard's own file."""
+
+    name = "megatron"
+    steps_itself = True  # the trainer hands it the whole rollout (`reinforce_step`) instead of micro-batches
+
+    def __init__(self, config: TrainConfig, device: torch.device):
+        super().__init__(config, device)
+        self.megatron_model = None
+
+    def init_parallel(self) -> None:
+        """Megatron's TP/PP/DP groups over the process group `distributed.init` joined (world = TP x PP x DP)."""
+        from megatron.core import parallel_state
+
+        from aligner.modeling import megatron as mb
+
+        model = self.config.model
+        tp, pp = model.tensor_model_parallel_size, model.pipeline_model_parallel_size
+        if distributed.world_size() % (tp * pp):
+            raise ConfigError(
+                f"the number of processes ({distributed.world_size()}) must be a multiple of "
+                f"tensor_model_parallel_size * pipeline_model_parallel_size ({tp} * {pp})"
+            )
+        if distributed.env_world_size() <= 1:
+            raise ConfigError("model.backend=megatron runs under torchrun (torchrun --nproc_per_node N ...)")
+        mb.init_megatron_parallel(tp, pp, seed=self.config.seed)
+        leader = parallel_state.get_tensor_model_parallel_rank() == 0
+        leader = leader and parallel_state.get_pipeline_model_parallel_rank() == 0
+        distributed.set_data_parallel(
+            parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size(), leader
+        )
+
+    def prepare(self) -> None:
+        from aligner.modeling import megatron as mb
+
+        model = self.config.model
+        self.policy.requires_grad_(False)
+        rng = torch.get_rng_state()  # Megatron's initialisation (overwritten by the HF weights) draws numbers
+        self.megatron_model = mb.build_megatron_model(
+            self.policy.config,
+            self.policy.state_dict(),
+            model.tensor_model_parallel_size,
+            model.pipeline_model_parallel_size,
+        )
+        torch.set_rng_state(rng)
+
+    @property
+    def trained(self) -> nn.Module:
+        return self.megatron_model
+
+    @property
+    def rollout_module(self) -> nn.Module:
+        return self.policy  # whole, refit after every step
+
+    def reinforce_step(self, optimizer: torch.optim.Optimizer, rollout, aggregation: str) -> dict[str, float]:
+        """The REINFORCE step on this rank's shard: the normaliser summed over DP ranks, clipping over every shard
+        and stage (`megatron_reinforce_step`)."""
+        from aligner.modeling import megatron as mb
+
+        optim = self.config.optim
+        return mb.megatron_reinforce_step(
+            self.megatron_model,
+            optimizer,
+            rollout.batch,
+            rollout.advantages,
+            rollout.loss_mask,
+            aggregation,
+            micro_batch_size=optim.micro_batch_size,
+            max_grad_norm=optim.max_grad_norm,
+        )
+
+    def refit(self, generator) -> None:
+        """The HF policy (generation, checkpoints) := the Megatron weights, gathered over TP and PP."""
+        from aligner.modeling import megatron as mb
+
+        self.policy.load_state_dict(mb.model_to_hf_state_dict(self.megatron_model, self.policy.config))
+        generator.update_weights(self.policy)
+
+    def layout(self) -> dict[str, int]:
+        model = self.config.model
+        return {
+            "tensor_model_parallel_size": model.tensor_model_parallel_size,
+            "pipeline_model_parallel_size": model.pipeline_model_parallel_size,
+            "world_size": distributed.world_size(),
+        }
+
+    def save(self, folder: Path, optimizer: torch.optim.Optimizer, tokenizer) -> dict[str, Any]:
+        """Each rank's optimiser holds the state of its own shard: every rank writes its file into the folder; rank 0
+        the gathered HF weights."""
+        own = folder / MEGATRON_OPTIMIZER_FILE.format(rank=distributed.rank())
+        torch.save(optimizer.state_dict(), own)
+        # Rank 0 fsyncs every file before the rename, but where the ranks span nodes (a network file system) only
+        # the writer's own fsync surely reaches the disk.
+        fsync_file(own)
+        if distributed.is_main():
+            self._save_weights(folder, tokenizer)
+        return {BACKEND_KEY: self.name, "optimizer": None, "megatron_layout": self.layout()}
+
+    def read(self, folder: Path, state: dict[str, Any]) -> dict[str, Any]:
+        saved_layout = state.get("megatron_layout")
+        if saved_layout is not None and saved_layout != self.layout():
+            raise ConfigError(
+                f"checkpoint {folder} was written with the Megatron layout {saved_layout}; this run has "
+                f"{self.layout()}: resume with the same tensor/pipeline-parallel sizes and processes"
+            )
+        loaded = super().read(folder, state)
+        own = MEGATRON_OPTIMIZER_FILE.format(rank=distributed.rank())
+        with reading(own):
+            loaded["optimizer"] = torch.load(folder / own, map_location=self.device, weights_only=False)
+        return loaded
+
+    def apply(self, folder: Path, loaded: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+        from aligner.modeling import megatron as mb
+
+        super().apply(folder, loaded, optimizer)
+        # The shard from the checkpoint's HF weights (the conversion is exact), and this rank's own optimiser.
+        mb.load_hf_weights(self.megatron_model, self.policy.state_dict(), self.policy.config)
+
+
+def _older_backend(folder: Path, state: dict[str, Any]) -> str:
+    """The backend of a checkpoint written before the state file recorded it."""
+    if state.get("megatron_layout") is not None:
+        return MegatronBackend.name
+    return LoraBackend.name if (folder / ADAPTER_DIR).is_dir() else HfBackend.name
+
+
+def build_backend(config: TrainConfig, device: torch.device) -> HfBackend:
+    """The backend `config.model` asks for (its combinations are checked by aligner/config.py)."""
+    model = config.model
+    if model.backend == "megatron":
+        return MegatronBackend(config, device)
+    return LoraBackend(config, device) if model.lora.r > 0 else HfBackend(config, device)
