@@ -22,6 +22,7 @@ import math
 import os
 import re
 import struct
+import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -430,19 +431,32 @@ class DeviceMemory:
 
 def device_memory(declared_gb: float | None = None) -> DeviceMemory:
     """`declared_gb` (ALIGNER_WORKER_DEVICE_MEMORY_GB: one device each process) when given, else measured here: CUDA
-    device 0's total memory, else this host's RAM (shared by all of a job's processes)."""
+    device 0's total memory (`cuda_device_memory`), else this host's RAM (shared by all of a job's processes)."""
     if declared_gb is not None:
         return DeviceMemory(int(declared_gb * GB), "declared", shared=False)
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            return DeviceMemory(int(props.total_memory), f"measured: {props.name}", shared=False)
-    except (ImportError, RuntimeError):
-        pass
+    cuda = cuda_device_memory()
+    if cuda is not None:
+        return DeviceMemory(cuda[0], f"measured: {cuda[1]}", shared=False)
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return DeviceMemory(int(ram), "measured: host RAM", shared=True)
+
+
+def cuda_device_memory() -> tuple[int, str] | None:
+    """(total bytes, name) of CUDA device 0 (the first of CUDA_VISIBLE_DEVICES), asked of `nvidia-smi` rather than
+    torch, which the API does not load; None without an NVIDIA GPU or driver."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    first = visible.split(",")[0].strip() if visible is not None else "0"
+    if not first or first.startswith("-"):
+        return None  # CUDA_VISIBLE_DEVICES hides every device
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total,name", "--format=csv,noheader,nounits", "-i", first],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout  # fmt: skip
+        mib, name = out.strip().splitlines()[0].split(",", 1)
+        return int(mib) * (1 << 20), name.strip()
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
 
 
 def needed_bytes(estimate: MemoryEstimate, device: DeviceMemory) -> int:

@@ -145,10 +145,14 @@ def test_processes_sharing_the_hosts_ram_need_all_of_their_memory_there():
     assert needed_bytes(plan, host) == 2 * (plan.per_rank_bytes + plan.host_bytes)
 
 
-def test_declared_device_memory_wins_over_a_measure():
+def test_declared_device_memory_wins_over_a_measure(monkeypatch):
     assert device_memory(24.0) == DeviceMemory(24_000_000_000, "declared", shared=False)
     measured = device_memory(None)
     assert measured.bytes > 0 and measured.shared == (not torch.cuda.is_available())
+    if torch.cuda.is_available():
+        assert measured.bytes == torch.cuda.get_device_properties(0).total_memory
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no device visible: the host's RAM, shared by the processes
+    assert device_memory(None).source == "measured: host RAM" and device_memory(None).shared
 
 
 def test_planning_table_for_llamas_on_eight_80_gb_devices():
