@@ -236,7 +236,7 @@ class MemoryEstimate:
 
     backend: str
     world_size: int
-    device: dict[str, int]  # parts held on the device; those in `transient` only during their phase
+    device: dict[str, int]  # parts held on the device; those named in `phases` only during their phase
     host: dict[str, int]
     phases: dict[str, tuple[str, ...]]  # phase -> the device parts that live only during it
     trainable_parameters: int
@@ -391,12 +391,16 @@ def training_memory(
 def estimate_for_config(config: TrainConfig, world_size: int, shape: ModelShape | None = None) -> MemoryEstimate:
     """`training_memory` for a resolved TrainConfig run on `world_size` processes: its policy folder's shape (or
     `shape`), backend, dtypes, LoRA, micro-batch and the longest sequence (data.max_prompt_length +
-    generation.max_new_tokens); generation's rows are a rank's share of the step's samples, at most
-    generation.batch_size prompts at once."""
+    generation.max_new_tokens); generation's rows are a data-parallel rank's share of the step's samples, at most
+    generation.batch_size prompts at once. Not counted: an in-process reward model (reward.model_path), the extra
+    validation rewards' models and a PPO critic server started beside the trainer."""
     model = config.model
     shape = shape or model_shape(model.policy_path)
     reinforce = config.reinforce
-    prompts = min(math.ceil(reinforce.num_prompts_per_step / world_size), config.generation.batch_size)
+    # Prompts go by data-parallel rank: the ranks of one Megatron TP x PP group sample the same rollouts.
+    group = model.tensor_model_parallel_size * model.pipeline_model_parallel_size if model.backend == "megatron" else 1
+    data_parallel = max(1, world_size // group)
+    prompts = min(math.ceil(reinforce.num_prompts_per_step / data_parallel), config.generation.batch_size)
     return training_memory(
         shape,
         backend=model.backend,
