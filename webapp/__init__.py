@@ -19,6 +19,8 @@ their defaults are listed in docs/service.md, "Environment variables"):
                            the one the Nth proxy from the API saw (X-Forwarded-For, werkzeug's ProxyFix)
     TRY_TIMEOUT_S          seconds a reward try (POST /rewards/try, a job's dry run) may run (120), then 422
     TRY_THREADS            torch threads all tries of this process may use at once (settings' try_threads), then 503
+    WORKER_DEVICE_MEMORY_GB  one worker device's memory in GB; None: measured here (webapp/memory_plan.py). A job
+                           whose estimate per process exceeds it is refused with 422
 
 Limits (webapp/limits.py, docs/security.md "Limits"), each defaulting to its field of the settings:
 
@@ -110,6 +112,7 @@ def create_app(test_config: dict[str, Any] | None = None):
         TRY_TIMEOUT_S=TRY_TIMEOUT_S,
         TRUSTED_PROXIES=service_settings().trusted_proxies,
         TRY_THREADS=service_settings().try_threads,
+        WORKER_DEVICE_MEMORY_GB=service_settings().worker_device_memory_gb,
         **limits.config_defaults(),
         API_VERSION=version,
         DESCRIPTION=API_DESCRIPTION,

@@ -6,7 +6,9 @@ DRY_RUN_PROMPTS x DRY_RUN_SAMPLES samples in the bounded subprocess of a reward 
 `step_time`: an estimate of a step's seconds from that timing. The try and the estimate are skipped when the policy
 or tokenizer check failed. A failed check is `"ok": false` in a 200 (PreflightOut); the endpoint stays in
 webapp/jobs.py. Beside the checks, `warnings`: settings that pass but are likely to train nothing (webapp/advice.py,
-the rules the dashboard's form shows too); they leave `ok` alone. See docs/service.md, "Preflight".
+the rules the dashboard's form shows too); they leave `ok` alone. And `memory`: one process's estimated memory for
+the job's backend and processes against the worker's device (webapp/memory_plan.py; a job that does not fit is a
+422 before any of this). See docs/service.md, "Preflight".
 
 The try runs on the API server's CPU: a worker with a GPU takes less.
 """
@@ -68,10 +70,13 @@ def estimate_step_s(train: TrainConfig, timings: dict[str, float]) -> float:
     return generate * (1 + TRAIN_TO_GENERATE) + score
 
 
-def dry_run(train: TrainConfig, stored: dict[str, Any], checks: list[dict[str, Any]]) -> Response:
+def dry_run(
+    train: TrainConfig, stored: dict[str, Any], checks: list[dict[str, Any]], memory: dict[str, Any] | None = None
+) -> Response:
     """The dry run's answer (PreflightOut, 200) for the resolved `train` config (`stored`: as the API stores it) and
     its cheap `checks` (webapp.preflight.cheap_checks): the reward tried on a few samples and the step time estimated
-    from it, both skipped when the policy or tokenizer failed."""
+    from it, both skipped when the policy or tokenizer failed; `memory`, the job's memory estimate
+    (webapp/memory_plan.py), passed through."""
     checks = [{key: value for key, value in check.items() if key != "field"} for check in checks]
     warnings = job_warnings(train, stored)
     estimate = None
@@ -107,7 +112,7 @@ def dry_run(train: TrainConfig, stored: dict[str, Any], checks: list[dict[str, A
         checks.append(_check("reward", False, "not tried: the policy or tokenizer check failed", time.perf_counter()))
     stored = {key: value for key, value in stored.items() if key != "run_dir"}  # a job's run_dir comes with its id
     body = {"ok": all(c["ok"] for c in checks), "checks": checks, "warnings": warnings, "estimated_step_s": estimate,
-            "config": stored}  # fmt: skip
+            "memory": memory, "config": stored}  # fmt: skip
     return current_app.json.response(PreflightOut().dump(body))  # a Response: not dumped again as a JobOut
 
 

@@ -62,6 +62,7 @@ from webapp.errors import abort_fields
 from webapp.extensions import db
 from webapp.job_config import validate_job_config
 from webapp.limits import check_active_jobs
+from webapp.memory_plan import memory_check
 from webapp.preflight import cheap_checks, check_errors
 from webapp.schemas import INT32_MAX, DryRunQuery, JobIn, JobListQuery, JobOut, JobPage, PreflightOut
 
@@ -111,13 +112,16 @@ def create_job(json_data, query_data):
 
     The config names catalogue entries (GET /api/v1/catalogue/..., your datasets) and is validated like `aligner
     train --config` does, within the server's limits (422 naming each bad field); the policy and tokenizer folders
-    must hold a model and a tokenizer (422 on config.model.policy); run_dir is set to DATA_DIR/runs/job_ID, and the
-    job is queued for the workers. `config.algorithm` is `reinforce` (default) or `ppo`; a PPO job with
+    must hold a model and a tokenizer (422 on config.model.policy); a job whose estimated memory per process does not
+    fit the worker's device (ALIGNER_WORKER_DEVICE_MEMORY_GB, else measured) is refused with 422 on
+    config.model.backend or num_processes, with the numbers and what would fit; run_dir is set to DATA_DIR/runs/
+    job_ID, and the job is queued for the workers. `config.model.backend` fsdp shards the model over
+    `num_processes`. `config.algorithm` is `reinforce` (default) or `ppo`; a PPO job with
     `critic.model` gets a critic server from its worker.
 
     `?dry_run=true` creates nothing: it runs the full preflight (those checks, the reward on 2 prompts x 2 samples
     as POST /api/v1/rewards/try does, and an estimate of the step time scaled from that try) and answers 200 with
-    each check; a config that does not validate is still 422.
+    each check and the memory estimate; a config that does not validate, or does not fit, is still 422.
     """
     user = current_user()
     if not query_data["dry_run"]:
@@ -132,9 +136,12 @@ def create_job(json_data, query_data):
     )
     if isinstance(result, dict):
         abort_fields(422, "Invalid config", result)
+    memory, too_big = memory_check(result.train, json_data["num_processes"])
+    if too_big:
+        abort_fields(422, "The job does not fit the worker's device memory", too_big)
     checks = cheap_checks(result.train, result.stored)
     if query_data["dry_run"]:
-        return dry_run(result.train, result.stored, checks)
+        return dry_run(result.train, result.stored, checks, memory)
     errors = check_errors(checks)
     if errors:
         abort_fields(422, "Invalid config", errors)

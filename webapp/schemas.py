@@ -87,7 +87,10 @@ class JobIn(Schema):
         load_default=1,
         strict=True,
         validate=Range(min=1, max=8),
-        metadata={"description": "Training processes (data parallel) the worker starts."},
+        metadata={
+            "description": "Training processes the worker starts (torchrun): data parallel with model.backend hf, "
+            "the model sharded over them with fsdp. A job that does not fit the worker's device memory is refused."
+        },
     )
     num_gpus = Integer(
         load_default=0,
@@ -208,6 +211,26 @@ class PreflightWarning(Schema):
     message = String(required=True, metadata={"description": "Why it is likely to train nothing."})
 
 
+class MemoryPlanOut(Schema):
+    backend = String(required=True)
+    world_size = Integer(required=True, metadata={"description": "The job's num_processes."})
+    per_rank_bytes = Integer(required=True, metadata={"description": "One process's estimated device peak."})
+    host_bytes_per_rank = Integer(required=True, metadata={"description": "What one process keeps in host memory."})
+    needed_bytes = Integer(
+        required=True,
+        metadata={"description": "What the device must hold: per_rank_bytes, or every process's device and host bytes "
+                  "together where they share the host's RAM (device_shared)."},
+    )  # fmt: skip
+    device_bytes = Integer(required=True, metadata={"description": "One worker device's memory."})
+    device_source = String(required=True, metadata={"description": "declared (ALIGNER_WORKER_DEVICE_MEMORY_GB), or "
+                                                    "what was measured on the API's host."})  # fmt: skip
+    device_shared = Boolean(required=True, metadata={"description": "The job's processes share the host's RAM."})
+    fits = Boolean(required=True)
+    trainable_parameters = Integer(required=True)
+    device_parts = Dict(keys=String(), values=Integer(), required=True, metadata={"description": "Bytes by part."})
+    host_parts = Dict(keys=String(), values=Integer(), required=True)
+
+
 class PreflightOut(Schema):
     ok = Boolean(required=True, metadata={"description": "Every check passed."})
     checks = List(Nested(PreflightCheck), required=True)
@@ -224,6 +247,16 @@ class PreflightOut(Schema):
         required=True,
         allow_none=True,
         metadata={"description": "A rough estimate of one step's seconds (null when the reward try failed)."},
+    )
+    memory = Nested(
+        MemoryPlanOut,
+        required=True,
+        allow_none=True,
+        metadata={
+            "description": "One process's estimated memory for the job's model.backend and num_processes against the "
+            "worker's device (docs/scaling.md, \"Memory: which backend fits\"); null when the policy's config.json "
+            "and safetensors headers cannot be read. A job that does not fit is refused with 422."
+        },
     )
     config = Dict(keys=String(), required=True, metadata={"description": "The resolved config the job would keep."})
 

@@ -55,6 +55,13 @@ def _whole(text: str) -> int:
     return int(float(text))  # "3" and "3.0" alike, as the worker has always read its counts
 
 
+def _gigabytes(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise ValueError(text)
+    return value
+
+
 def _hops(text: str) -> int:
     hops = int(text)
     if hops < 0:
@@ -232,6 +239,15 @@ class ServiceSettings:
         "(`MAX_DOWNLOADS_PER_USER`)",
         int,
         empty_is_unset=False,
+    )
+    worker_device_memory_gb: float | None = _setting(
+        "ALIGNER_WORKER_DEVICE_MEMORY_GB",
+        None,
+        "memory of one worker device in GB (1e9 bytes), e.g. `80`: a job whose estimated memory per process exceeds "
+        'it is refused with 422 (`WORKER_DEVICE_MEMORY_GB`, docs/scaling.md "Memory: which backend fits")',
+        _gigabytes,
+        shown_default="measured on the API's host: CUDA device 0's memory, else the host's RAM (shared by a job's "
+        "processes)",
     )
     # ---- the dashboard
     api_url: str = _setting(

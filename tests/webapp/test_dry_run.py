@@ -31,7 +31,8 @@ def test_a_dry_run_checks_everything_creates_nothing_and_estimates_the_step(clie
                            headers=bearer(token))  # fmt: skip
     assert response.status_code == 200, response.json
     body = response.json
-    assert set(body) == {"ok", "checks", "warnings", "estimated_step_s", "config"} and body["ok"] is True
+    assert set(body) == {"ok", "checks", "warnings", "estimated_step_s", "memory", "config"} and body["ok"] is True
+    assert body["memory"] is None  # the stand-in policy has no weights whose headers tell its size
     assert [c["name"] for c in body["checks"]] == ["policy", "tokenizer", "datasets", "reward", "step_time"]
     assert all(set(c) == {"name", "ok", "message", "seconds"} and c["ok"] for c in body["checks"])
     assert tried == [(2, 2, 16, (3, 4))]  # timed: a batch of 3 prompts x 4 samples

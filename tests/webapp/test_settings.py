@@ -79,3 +79,11 @@ def test_no_other_service_module_reads_the_environment():
         if reads.search(line)
     ]
     assert found == []
+
+
+def test_the_worker_device_memory_is_a_positive_number_of_gb_or_unset():
+    assert ServiceSettings.from_environ({"ALIGNER_WORKER_DEVICE_MEMORY_GB": "79.6"}).worker_device_memory_gb == 79.6
+    assert ServiceSettings.from_environ({"ALIGNER_WORKER_DEVICE_MEMORY_GB": ""}).worker_device_memory_gb is None
+    for bad in ("0", "-8", "inf", "lots"):
+        with pytest.raises(ConfigError, match="ALIGNER_WORKER_DEVICE_MEMORY_GB"):
+            ServiceSettings.from_environ({"ALIGNER_WORKER_DEVICE_MEMORY_GB": bad})

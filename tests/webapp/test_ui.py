@@ -275,7 +275,8 @@ def test_the_form_starts_from_the_configs_defaults():
     assert {"algorithm", "num_prompts_per_step", "kl_penalty", "lr", "max_steps", "temperature"} <= set(form.DEFAULTS)
     assert form.DEFAULTS["lr"] == TrainConfig.model_fields["optim"].default_factory().lr
     assert form.DEFAULTS["reward_source"] == "function" and form.DEFAULTS["critic_source"] == "model"
-    assert form.CHOICES == {"algorithm": ["reinforce", "ppo"]}
+    assert form.CHOICES == {"algorithm": ["reinforce", "ppo"], "backend": ["hf", "fsdp", "megatron"]}
+    assert form.DEFAULTS["backend"] == "hf" and form.DEFAULTS["num_processes"] == 1
     assert form.config_default("config.reward.server_url") is None  # inside an optional section
     shown = form.form_from_config({"model": {"policy": "p"}, "reward": {"model": "rm"}, "optim": {"lr": 0.1}})
     assert shown == {"policy": "p", "reward_model": "rm", "lr": 0.1, "reward_source": "model"}

@@ -317,3 +317,51 @@ def test_stale_results_go_when_the_form_changes_and_a_cleared_upload_takes_its_l
     cleared = next(fn for fn in app.fns.values() if (upload, "clear") in fn.targets)
     assert cleared.fn is None and browser_values(cleared) == [""]
     assert {"advanced", *fields} <= wiring("change", {"form-warnings"})
+
+
+def test_the_backend_and_processes_are_offered_sent_and_explained():
+    assert form.CHOICES["backend"] == ["hf", "fsdp", "megatron"]  # aligner.config's Literal, as the API takes it
+    assert ["backend", "num_processes"] in new_job.FORM_ROWS
+    assert all(word in form.BACKEND_HELP for word in ("**hf**", "**fsdp**", "**megatron**", "megatron extra"))
+    body = form.build_job({**VALUES, "backend": "fsdp", "num_processes": 4.0})
+    assert body["config"]["model"]["backend"] == "fsdp"
+    assert body["num_processes"] == 4 and isinstance(body["num_processes"], int)  # the body's own, not the config's
+    assert "num_processes" not in body["config"] and "num_processes" not in form.try_body(VALUES, "", 2, 2)
+    assert form.build_job({**VALUES, "num_processes": None}).keys() == {"name", "config"}  # the API's default: 1
+    # A preset without them starts from hf on one process; the YAML does not repeat the form's backend.
+    preset = form._preset({"model": {"policy": "p", "backend": "fsdp"}}, "x")
+    assert (preset["form"]["backend"], preset["form"]["num_processes"]) == ("fsdp", 1)
+    assert "backend" not in preset["yaml"]
+    assert form._preset({"model": {"policy": "p"}}, "x")["form"]["backend"] == "hf"
+
+
+def test_a_job_too_big_shows_its_numbers_under_the_backend_or_processes_field():
+    reason = ("needs 37.2 GB per process with backend hf on 1 process; the worker's device has 24.0 GB (declared): "
+              "use model.backend fsdp with num_processes 2 (18.6 GB each)")  # fmt: skip
+    too_big = ApiError(422, "The job does not fit the worker's device memory", {"config.model.backend": [reason]})
+    message, _job, *errors, _token, _line = new_job.submit_job(StandIn(too_big), "tok", "", VALUES)
+    per_field = dict(zip(form.FORM_FIELDS, errors, strict=True))
+    assert per_field["backend"] == f"⚠ {reason}" and sum(bool(e) for e in errors) == 1
+    assert "**Backend** (`config.model.backend`)" in message
+    more = ApiError(422, "The job does not fit the worker's device memory", {"num_processes": ["use num_processes 4"]})
+    _message, *errors, _token, _line = new_job.dry_run(StandIn(more), "tok", "", {**VALUES, "backend": "fsdp"})
+    assert dict(zip(form.FORM_FIELDS, errors, strict=True))["num_processes"] == "⚠ use num_processes 4"
+
+
+def test_a_dry_run_shows_the_memory_estimate():
+    memory = {
+        "backend": "fsdp",
+        "world_size": 2,
+        "per_rank_bytes": 18_600_000_000,
+        "needed_bytes": 18_600_000_000,
+        "device_bytes": 24_000_000_000,
+        "device_source": "declared",
+        "device_shared": False,
+        "fits": True,
+    }
+    shown = form.dry_run_markdown({"ok": True, "checks": [], "estimated_step_s": None, "memory": memory})
+    assert ("Estimated memory: **18.60 GB per process** with backend fsdp on 2 processes, of the worker's 24.0 GB "
+            "(declared)") in shown  # fmt: skip
+    shared = {**memory, "world_size": 1, "needed_bytes": 5e8, "device_shared": True, "device_source": "measured"}
+    assert "**0.50 GB all processes together** with backend fsdp on 1 process," in form.memory_markdown(shared)
+    assert form.memory_markdown(None) == "" and "memory" not in form.dry_run_markdown({"checks": [], "memory": None})

@@ -21,12 +21,14 @@ from webapp.stack import DEMO_POLICY, DEMO_REWARD_MODEL, DEMO_REWARD_SERVER
 
 # Form field -> (dotted path in the job body, label, kind). Kinds: text, int, float, choice (one of CHOICES),
 # catalogue (a drop-down of catalogue names), dataset (a drop-down of dataset ids), json (a JSON object), source
-# (which of a section's pickers applies: SOURCES).
+# (which of a section's pickers applies: SOURCES), count (a whole number of the job body outside its config).
 FORM_FIELDS: dict[str, tuple[str, str, str]] = {
     "name": ("name", "Job name", "text"),
     "algorithm": ("config.algorithm", "Algorithm", "choice"),
     "policy": ("config.model.policy", "Policy", "catalogue"),
     "tokenizer": ("config.model.tokenizer", "Tokenizer", "catalogue"),
+    "backend": ("config.model.backend", "Backend", "choice"),
+    "num_processes": ("num_processes", "Processes", "count"),
     "train_dataset": ("config.data.train_dataset", "Train prompts", "dataset"),
     "val_dataset": ("config.data.val_dataset", "Validation prompts", "dataset"),
     "reward_source": ("config.reward", "Reward from", "source"),
@@ -63,6 +65,14 @@ SOURCE_KEYS = {
     "critic": ("model", "server", "model_path", "server_url"),
 }
 PPO_ONLY = ("critic_source", "critic_model", "critic_server")
+# The line under the Backend field: when to use which (docs/scaling.md, "Memory: which backend fits").
+BACKEND_HELP = (
+    "**hf**: the model's training state (about 16 bytes a parameter) fits one device; more processes are data "
+    "parallel. **fsdp**: it does not: it is sharded over the processes. **megatron**: tensor/pipeline parallel "
+    "(model.tensor_model_parallel_size and model.pipeline_model_parallel_size in the advanced YAML); needs the "
+    "megatron extra. The dry run says whether the job fits the worker's memory."
+)
+JOB_DEFAULTS = {"num_processes": 1}  # webapp/schemas.py JobIn's defaults of the count fields
 ALIGNER_KINDS = ("int", "float", "choice")  # the fields that are aligner.config's own, with its defaults
 
 
@@ -106,6 +116,7 @@ DEFAULTS: dict[str, Any] = {
         if kind in ALIGNER_KINDS and (default := config_default(path)) is not None
     },
     **{key: choices[0][1] for key, choices in SOURCE_CHOICES.items()},
+    **JOB_DEFAULTS,
 }
 
 
@@ -153,7 +164,7 @@ def json_object(text: Any, field: str = "function_args") -> dict:
 
 
 def _form_value(key: str, kind: str, value: Any) -> Any:
-    if kind == "int":
+    if kind in ("int", "count"):
         return int(value) if float(value).is_integer() else value
     if kind == "float":
         return float(value)
@@ -189,7 +200,9 @@ def build_job(values: dict[str, Any], advanced_yaml: str = "") -> dict:
     for section, keys in SOURCE_KEYS.items():
         if section in config and isinstance(extra.get(section), dict):  # one source only: the form's
             extra[section] = {k: v for k, v in extra[section].items() if k not in keys}
-    return {"name": form.get("name", "job"), "config": deep_merge(extra, config)}
+    body = {"name": form.get("name", "job"), "config": deep_merge(extra, config)}
+    counts = {path: form[path] for path, _label, kind in FORM_FIELDS.values() if kind == "count" and path in form}
+    return {**body, **counts}
 
 
 # An error at a section with no field of its own goes under the one field that stands for it; `reward` is the
@@ -300,7 +313,8 @@ def demo_job_config(config: dict, reward: dict[str, Any] | None = None) -> dict:
 
 def _preset(config: dict, name: str) -> dict[str, Any]:
     """{"form": values, "yaml": the rest of the config} of a job config."""
-    form = {**form_from_config(config), "name": name}
+    form = {**JOB_DEFAULTS, **form_from_config(config), "name": name}
+    form.setdefault("backend", DEFAULTS["backend"])
     rest = copy.deepcopy(config)
     for path, _label, kind in FORM_FIELDS.values():
         section, _, leaf = path.removeprefix("config.").partition(".")
@@ -530,9 +544,24 @@ def form_warnings(values: dict[str, Any], advanced_yaml_text: str, lists: dict[s
     return "**This job is likely to train nothing:**\n\n" + warnings_markdown(warnings)
 
 
+def memory_markdown(memory: dict | None) -> str:
+    """The dry run's memory estimate as one line: what one process needs against the worker's device; "" without
+    one."""
+    if not isinstance(memory, dict) or not isinstance(memory.get("needed_bytes"), int | float):
+        return ""
+    processes = memory.get("world_size", 1)
+    plural = "es" if processes != 1 else ""
+    per = "all processes together" if memory.get("device_shared") else "per process"
+    return (
+        f"Estimated memory: **{memory['needed_bytes'] / 1e9:.2f} GB {per}** with backend {memory.get('backend')} on "
+        f"{processes} process{plural}, of the worker's {memory.get('device_bytes', 0) / 1e9:.1f} GB "
+        f"({memory.get('device_source')})"
+    )
+
+
 def dry_run_markdown(result: dict) -> str:
-    """A dry run's checks, one line each (`✓ policy: message (0.01 s)`), its warnings, and the estimated step
-    time."""
+    """A dry run's checks, one line each (`✓ policy: message (0.01 s)`), its warnings, the estimated step time and
+    the memory estimate."""
     verdict = "ready to submit" if result.get("ok") else "not ready"
     warnings = result.get("warnings") or []
     noted = f" (with {len(warnings)} warning{'s' if len(warnings) > 1 else ''})" if warnings else ""
@@ -547,6 +576,8 @@ def dry_run_markdown(result: dict) -> str:
     step_s = result.get("estimated_step_s")
     if isinstance(step_s, int | float):
         lines += ["", f"Estimated step time: **{float(step_s):.1f} s** (an estimate from a short try)"]
+    if memory := memory_markdown(result.get("memory")):
+        lines += ["", memory]
     return "\n".join(lines)
 
 

@@ -17,6 +17,7 @@ import yaml
 from webapp.ui import catalogue
 from webapp.ui.api import REJECTED, ApiError
 from webapp.ui.form import (
+    BACKEND_HELP,
     CHOICES,
     DEFAULT_PRESET,
     FORM_FIELDS,
@@ -43,6 +44,7 @@ from webapp.ui.tabs import Session, set_in_browser
 FORM_ROWS = [
     ["name", "algorithm"],
     ["policy", "tokenizer"],
+    ["backend", "num_processes"],
     ["train_dataset", "val_dataset"],
     ["reward_source", "reward_function", "reward_model", "reward_server"],
     ["function_args"],
@@ -87,7 +89,7 @@ def _form_input(key: str, value: Any):
         return gr.Textbox(label=label, value=value or "", placeholder='{"tolerance": 0.01}', elem_id=elem_id)
     if kind == "text":
         return gr.Textbox(label=label, value=value if value is not None else "", elem_id=elem_id)
-    return gr.Number(label=label, value=value, precision=0 if kind == "int" else None, elem_id=elem_id)
+    return gr.Number(label=label, value=value, precision=0 if kind in ("int", "count") else None, elem_id=elem_id)
 
 
 def form_lists(session: Session, token: str, picked: dict[str, Any]) -> list:
@@ -268,6 +270,8 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
                         errs[key] = gr.Markdown(elem_id=f"err-{key}", elem_classes="field-error")
                         if key == "function_args":
                             function_help = gr.Markdown(elem_id="function-help")
+                        if key == "backend":
+                            gr.Markdown(BACKEND_HELP, elem_id="backend-help")
             if row == ["train_dataset", "val_dataset"]:
                 with gr.Row():
                     upload = gr.File(label='Upload prompts (JSONL, one {"prompt": ...} a line)', file_types=[".jsonl"],
