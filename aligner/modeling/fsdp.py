@@ -132,7 +132,8 @@ def shard_policy(
             # Sum, not FSDP2's mean over ranks: each rank's loss is already divided by the global batch's count.
             # A plain SUM reduction: a factor alone makes FSDP2 use PREMUL_SUM, which gloo lacks.
             module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)
+            if hasattr(module, "set_force_sum_reduction_for_comms"):
+                module.set_force_sum_reduction_for_comms(True)
     return model
 
 
@@ -170,7 +171,7 @@ def load_sharded_policy(
 
     The model is built on the meta device (`AutoModelForCausalLM.from_config` under `torch.device("meta")`: shapes,
     no storage), its parameters cast to `dtype`, sharded, given storage on `device` (`to_empty`), then each rank
-    reads its own rows from the safetensors files (`fill_from_safetensors`) and the non-persistent buffers are
+    reads its own rows from the safetensors files (`fill_from_safetensors`), after the non-persistent buffers are
     recomputed (`recompute_buffers`). Needs a process group (`init_process_group`). Training mode, as
     `from_pretrained` leaves a model (eval mode) is not: call `.train()`. `tally` gets what this rank read.
     """
@@ -188,10 +189,10 @@ def load_sharded_policy(
     shard_policy(model, precision, cpu_offload, activation_checkpointing, device=device)
     offloaded = cpu_offload and device.type != "cpu"
     model.to_empty(device="cpu" if offloaded else device)
+    recompute_buffers(model, device)  # first: re-initialising a module may touch its parameters too
     read = fill_from_safetensors(model, path)
     if tally is not None:
         tally.bytes_read, tally.largest_read = read.bytes_read, read.largest_read
-    recompute_buffers(model, device)
     model.eval()
     return model
 
@@ -258,7 +259,8 @@ def recompute_buffers(model: nn.Module, device: torch.device) -> None:
     nothing in a checkpoint holds them. Each module owning one is re-initialised by transformers' `_init_weights`
     (what its own meta-device loading relies on), or, in versions whose `_init_weights` skips rotary modules, by
     the module's `rope_init_fn(config, device)`. The buffers are first filled with NaN, so one that neither
-    recomputes is an error, not garbage."""
+    recomputes is an error, not garbage. `_init_weights` may re-initialise the module's parameters as well: call it
+    before the weights are loaded."""
     owners = [m for m in model.modules() if getattr(m, "_non_persistent_buffers_set", None)]
     for module in owners:
         for name in module._non_persistent_buffers_set:
@@ -274,8 +276,10 @@ def recompute_buffers(model: nn.Module, device: torch.device) -> None:
         if fn is not None and torch.isnan(module.inv_freq).any():
             inv_freq, _ = fn(module.config, device)
             module.inv_freq.copy_(inv_freq)
-            if getattr(module, "original_inv_freq", None) is not None:
+            if "original_inv_freq" in module._buffers:
                 module.original_inv_freq.copy_(inv_freq)
+            elif hasattr(module, "original_inv_freq"):  # transformers 4: a plain attribute, left on the meta device
+                module.original_inv_freq = module.inv_freq.clone()
         for name in module._non_persistent_buffers_set:
             buffer = getattr(module, name)
             if buffer is not None and buffer.is_floating_point() and torch.isnan(buffer).any():
