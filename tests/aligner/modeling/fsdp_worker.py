@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from transformers import AutoTokenizer
 
 from aligner import distributed
 from aligner.modeling import fsdp
@@ -55,9 +56,12 @@ def my_rows() -> slice:
 
 
 def train(model, optimizer, steps: int) -> list[float]:
+    """`steps` optimiser steps on this rank's rows, in micro-batches of 2 rows (gradients accumulate over them)."""
     norms = []
+    rows = my_rows()
     for _ in range(steps):
-        loss_of(model, my_rows()).backward()
+        for start in range(rows.start, rows.stop, 2):
+            loss_of(model, slice(start, min(start + 2, rows.stop))).backward()
         norms.append(fsdp.clip_and_step(optimizer, model.parameters(), MAX_GRAD_NORM).item())
     return norms
 
@@ -108,7 +112,10 @@ def main(policy: str, out: str, checkpoint_from_one: str | None = None) -> dict:
         result["optimizer2"] = optimizer_state(model, optimizer)
         result["norms"] += train(model, optimizer, 2)
         result["weights4"] = weights(model)
-        result["gather"] = fsdp.export_hf(model, out_dir / "export")
+        result["gather"] = fsdp.export_hf(model, out_dir / "export", AutoTokenizer.from_pretrained(policy))
+        result["gather_bf16"] = fsdp.GatherTally()
+        for _, tensor in fsdp.full_weights(model, torch.bfloat16, "cpu", result["gather_bf16"]):
+            assert tensor.dtype == torch.bfloat16
 
         # Resume: the checkpoint of step 2 (this run's, or one process's) into a fresh model, then 2 more steps.
         result["resumed"] = resume(policy, str(save_dir))

@@ -42,6 +42,26 @@ def test_decoder_layers_are_found_from_no_split_modules(architecture, tiny_polic
     assert fsdp.decoder_layers(model) == list(model.model.layers)
 
 
+@pytest.mark.slow(5)
+def test_loading_a_folder_of_several_safetensors_files(tmp_path, tiny_policy_dir, monkeypatch):
+    """One rank in this process; an untied head; model.safetensors.index.json says which file holds each tensor."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy_dir)
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1 and (tmp_path / "model.safetensors.index.json").is_file()
+    cpu = torch.device("cpu")
+    assert fsdp.init_process_group(cpu) == cpu
+    try:
+        sharded = fsdp.load_sharded_policy(tmp_path, cpu)
+        assert fsdp.is_sharded(sharded) and "lm_head.weight" in dict(sharded.named_parameters())
+        input_ids = worker.fixed_batch()[0].sequences()[0]
+        torch.testing.assert_close(worker.logits(sharded, input_ids), worker.logits(model, input_ids))
+    finally:
+        distributed.destroy()
+
+
 def _tied_odd_policy(out: Path, tokenizer_dir: Path) -> Path:
     """The tiny policy's shape with tied embeddings, a 301-token vocabulary and an MLP of 63 (uneven shards)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -125,6 +145,7 @@ def runs(tmp_path_factory, tiny_policy_dir):
         two=ranks[0],
         ranks=ranks,
         export=out2 / "export",
+        checkpoint2=out2 / "checkpoint2",
         reference=reference,
         reference_bf16=reference_bf16,
         one_from_two=one_from_two,
@@ -167,7 +188,8 @@ def test_sharded_loading_reads_only_each_ranks_rows_and_gives_the_unsharded_logi
 
 @pytest.mark.slow(1)
 def test_two_ranks_train_as_one_unsharded_process(runs):
-    """3+ AdamW steps on a REINFORCE loss, each rank taking half of the batch, divided by the global token count:
+    """4 AdamW steps on a REINFORCE loss, each rank taking half of the batch in micro-batches of 2 rows, divided by
+    the global token count:
     the weights of 2 shards (and of 1 rank) are the unsharded process's to float32 rounding. Clipping acts at
     every step (max_grad_norm 0.05), so a norm miscounted over the shards would show."""
     reference = runs["reference"]
@@ -213,6 +235,8 @@ def test_checkpoints_reload_at_the_same_and_another_world_size(runs):
         _assert_same(resumed["weights2"], saved["weights2"])
         _assert_same(resumed["optimizer2"], saved["optimizer2"])
     assert two["optimizer2"]["model.embed_tokens.weight/step"] == 2
+    # Each rank wrote its own shards into the one folder.
+    assert sorted(p.name for p in runs["checkpoint2"].iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     _assert_same(two["resumed"]["weights4"], two["weights4"])  # same world size: the same arithmetic
     _assert_same(runs["one_from_two"]["weights4"], two["weights4"], rtol=1e-5, atol=1e-6)
     _assert_same(two["resumed_from_one"]["weights4"], one["weights4"], rtol=1e-5, atol=1e-6)
@@ -239,4 +263,7 @@ def test_export_loads_with_from_pretrained_and_gives_the_trained_log_probs(runs)
         )
     # The gather held one full parameter at a time: the largest, the embedding (float32, no cast).
     assert two["gather"].peak_bytes == 301 * 32 * 4
+    assert (runs["export"] / "tokenizer.json").is_file()
+    # Gathered in bfloat16: the float32 full tensor and its cast are held together, one parameter at a time.
+    assert two["gather_bf16"].peak_bytes == 301 * 32 * (4 + 2)
     assert two["gather"].bytes_yielded == sum(w.numel() * 4 for w in two["weights4"].values())
