@@ -8,6 +8,7 @@ vocabulary, an MLP of 63), so FSDP2's padded last shard and the tied head are ex
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from tests.aligner.modeling import fsdp_worker as worker
 from tests.helpers.architectures import TINY_SHAPE, tiny_causal_lm
 
 ROOT = Path(__file__).resolve().parents[3]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
@@ -60,6 +62,17 @@ def test_loading_a_folder_of_several_safetensors_files(tmp_path, tiny_policy_dir
         torch.testing.assert_close(worker.logits(sharded, input_ids), worker.logits(model, input_ids))
     finally:
         distributed.destroy()
+
+
+def test_a_buffer_that_cannot_be_recomputed_is_an_error_not_garbage():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", torch.ones(3), persistent=False)
+
+    model = torch.nn.Sequential(Scaled())
+    with pytest.raises(NotImplementedError, match="Scaled.scale"):
+        fsdp.recompute_buffers(model, torch.device("cpu"))
 
 
 def _tied_odd_policy(out: Path, tokenizer_dir: Path) -> Path:
@@ -121,9 +134,7 @@ def runs(tmp_path_factory, tiny_policy_dir):
         one = worker.main(str(policy), str(out1))
         command = [*TORCHRUN, "-m", "tests.aligner.modeling.fsdp_worker", str(policy), str(out2)]
         command.append(str(out1 / "checkpoint1"))
-        two = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env()
-        )
+        two = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
         try:
             reference = _reference(policy)
             reference_bf16 = _reference(policy, "bf16-mixed")
@@ -150,12 +161,6 @@ def runs(tmp_path_factory, tiny_policy_dir):
         reference_bf16=reference_bf16,
         one_from_two=one_from_two,
     )
-
-
-def _env() -> dict:
-    import os
-
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
 def _assert_same(actual: dict, expected: dict, rtol: float = 0.0, atol: float = 0.0) -> None:
