@@ -131,7 +131,8 @@ def shard_policy(
         if is_sharded(module):
             # Sum, not FSDP2's mean over ranks: each rank's loss is already divided by the global batch's count.
             # A plain SUM reduction: a factor alone makes FSDP2 use PREMUL_SUM, which gloo lacks.
-            module.set_gradient_divide_factor(1.0)
+            divide = getattr(module, "set_gradient_divide_factor", None) or module.set_reduce_scatter_divide_factor
+            divide(1.0)  # torch < 2.8 had only set_reduce_scatter_divide_factor
             if hasattr(module, "set_force_sum_reduction_for_comms"):
                 module.set_force_sum_reduction_for_comms(True)
     return model
