@@ -77,12 +77,22 @@ def is_dp_leader() -> bool:
     return True if _data_parallel is None else _data_parallel[2]
 
 
-def init(device: torch.device) -> torch.device:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) if there is one.
+def init(device: torch.device, group_of_one: bool = False) -> torch.device:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) if there is one;
+    with `group_of_one`, a process torchrun did not start (or started alone) makes a group of one rank over an
+    in-memory store (`dist.HashStore`), for backends whose code runs on a process group whatever its size (FSDP2,
+    torch.distributed.checkpoint, Megatron's parallel state).
 
     Returns the device this rank trains on: cuda:LOCAL_RANK when `device` is CUDA, else `device`.
     """
     if env_world_size() <= 1:
+        if group_of_one and not dist.is_initialized():
+            if device.type == "cuda":
+                device = torch.device("cuda", device.index or 0)
+                torch.cuda.set_device(device)
+                dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
+            else:
+                dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         return device
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

@@ -38,18 +38,10 @@ MODEL_KEY, OPTIMIZER_KEY = "model", "optimizer"
 
 
 def init_process_group(device: torch.device) -> torch.device:
-    """Join torchrun's process group (`distributed.init`), or, in a process torchrun did not start, make a group of
-    one rank over an in-memory store (`dist.HashStore`): gloo on the CPU, NCCL on CUDA. Returns the device this rank
-    trains on. `fully_shard` and `torch.distributed.checkpoint` then run unchanged with one rank."""
-    device = distributed.init(device)
-    if not dist.is_initialized():
-        if device.type == "cuda":
-            device = torch.device("cuda", device.index or 0)
-            torch.cuda.set_device(device)
-            dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
-        else:
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    return device
+    """Join torchrun's process group, or, in a process torchrun did not start, make a group of one rank
+    (`distributed.init(device, group_of_one=True)`). Returns the device this rank trains on. `fully_shard` and
+    `torch.distributed.checkpoint` then run unchanged with one rank."""
+    return distributed.init(device, group_of_one=True)
 
 
 def is_sharded(model: nn.Module) -> bool:

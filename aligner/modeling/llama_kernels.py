@@ -16,6 +16,10 @@ def supports_fast_decode(model: nn.Module) -> bool:
     The fast step reads their weights directly, so anything that changes what a module computes must send the
     model through transformers instead.
     """
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):  # sharded: only its modules' calls gather the weights (aligner/modeling/fsdp.py)
+        return False
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) != "llama" or getattr(config, "pretraining_tp", 1) > 1:
         return False

@@ -72,8 +72,13 @@ def grouped_response_logprobs(model: nn.Module, batch: ResponseBatch) -> torch.T
 
 
 def _takes_transformers_forward(model: nn.Module) -> bool:
-    """Activation checkpointing needs transformers' forward (its checkpointed layers) over concatenated rows."""
-    return model.training and _activation_checkpointing(model)
+    """One call of transformers' forward over concatenated [prompt | response] rows: what activation checkpointing
+    needs (its checkpointed layers), and what FSDP2 shards need, whose every forward is a collective: the grouped
+    path's number of calls depends on the batch (two, or one when every response is one token), and ranks whose
+    batches differ would wait on each other's gathers."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return (model.training and _activation_checkpointing(model)) or isinstance(model, FSDPModule)
 
 
 def grouped_response_logits(model: nn.Module, batch: ResponseBatch) -> torch.Tensor:

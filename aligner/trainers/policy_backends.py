@@ -46,6 +46,7 @@ from aligner.trainers.loop import optimizer_step
 
 POLICY_DIR = "policy"  # a checkpoint's Hugging Face folder of the policy (the LoRA backend's is ADAPTER_DIR)
 BACKEND_KEY = "backend"  # the state file's record of the backend that wrote it
+FSDP_DIR = "fsdp"  # backend fsdp: the torch.distributed.checkpoint folder of the shards and their AdamW state
 
 
 class HfBackend:
@@ -54,22 +55,26 @@ class HfBackend:
 
     name = "hf"
     steps_itself = False  # MegatronBackend takes the whole rollout instead (`reinforce_step`)
+    autocasts = True  # the training forward runs under model.precision's autocast (FSDP2 casts by itself)
 
-    def __init__(self, config: TrainConfig, device: torch.device):
+    def __init__(self, config: TrainConfig):
         self.config = config
-        self.device = device
+        self.device: torch.device | None = None  # `init_parallel`'s
         self.policy: nn.Module | None = None
 
     @classmethod
     def around(cls, config: TrainConfig, policy: nn.Module) -> HfBackend:
         """A backend for a policy that is already loaded (tests, and trainers that build their own)."""
-        backend = cls(config, next(policy.parameters()).device)
-        backend.policy = policy
+        backend = cls(config)
+        backend.device, backend.policy = next(policy.parameters()).device, policy
         return backend
 
     # ------------------------------------------------------------------------------------------------- build
-    def init_parallel(self) -> None:
-        """Process groups beyond the data-parallel one (`distributed.init`'s): none here."""
+    def init_parallel(self, device: torch.device) -> torch.device:
+        """Join the process groups this backend trains over (torchrun's, `distributed.init`); the device this rank
+        trains on."""
+        self.device = distributed.init(device)
+        return self.device
 
     def load(self) -> nn.Module:
         model = self.config.model
@@ -102,6 +107,14 @@ class HfBackend:
         distributed.broadcast_parameters(self.policy.parameters())
 
     # ------------------------------------------------------------------------------------------------- a step
+    def passes_to_match(self, passes: int) -> int:
+        """How many `idle_pass`es this rank adds to its `passes` forward-backward passes of an optimiser step so
+        that every rank runs as many: none where a forward is no collective."""
+        return 0
+
+    def idle_pass(self) -> None:
+        """A pass that changes no gradient, for backends whose forward is a collective."""
+
     def step(self, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
         """Gradients summed over ranks, clipped to `max_grad_norm`, one optimiser step; their norm before clipping."""
         distributed.all_reduce_gradients(self.trained.parameters())
@@ -125,13 +138,16 @@ class HfBackend:
     def read(self, folder: Path, state: dict[str, Any]) -> dict[str, Any]:
         """Every file of checkpoint `folder` this rank needs, read before anything is applied (`UnreadableCheckpoint`
         when one cannot be loaded); a checkpoint of another backend is a ConfigError."""
+        self._check_written_by(folder, state)
+        return {"weights": self._read_weights(folder), "optimizer": state["optimizer"]}
+
+    def _check_written_by(self, folder: Path, state: dict[str, Any]) -> None:
         written_by = state.get(BACKEND_KEY) or _older_backend(folder, state)
         if written_by != self.name:
             raise ConfigError(
                 f"checkpoint {folder} was written with model.backend {written_by}; this run trains with "
                 f"{self.name}: resume with the backend (and LoRA setting) that wrote it"
             )
-        return {"weights": self._read_weights(folder), "optimizer": state["optimizer"]}
 
     def _read_weights(self, folder: Path) -> dict[str, torch.Tensor]:
         from transformers import AutoModelForCausalLM
@@ -201,16 +217,18 @@ class MegatronBackend(HfBackend):
     name = "megatron"
     steps_itself = True  # the trainer hands it the whole rollout (`reinforce_step`) instead of micro-batches
 
-    def __init__(self, config: TrainConfig, device: torch.device):
-        super().__init__(config, device)
+    def __init__(self, config: TrainConfig):
+        super().__init__(config)
         self.megatron_model = None
 
-    def init_parallel(self) -> None:
-        """Megatron's TP/PP/DP groups over the process group `distributed.init` joined (world = TP x PP x DP)."""
+    def init_parallel(self, device: torch.device) -> torch.device:
+        """Megatron's TP/PP/DP groups over torchrun's process group, or one of a single process (world = TP x PP x
+        DP)."""
         from megatron.core import parallel_state
 
         from aligner.modeling import megatron as mb
 
+        self.device = distributed.init(device, group_of_one=True)
         model = self.config.model
         tp, pp = model.tensor_model_parallel_size, model.pipeline_model_parallel_size
         if distributed.world_size() % (tp * pp):
@@ -218,14 +236,13 @@ class MegatronBackend(HfBackend):
                 f"the number of processes ({distributed.world_size()}) must be a multiple of "
                 f"tensor_model_parallel_size * pipeline_model_parallel_size ({tp} * {pp})"
             )
-        if distributed.env_world_size() <= 1:
-            raise ConfigError("model.backend=megatron runs under torchrun (torchrun --nproc_per_node N ...)")
         mb.init_megatron_parallel(tp, pp, seed=self.config.seed)
         leader = parallel_state.get_tensor_model_parallel_rank() == 0
         leader = leader and parallel_state.get_pipeline_model_parallel_rank() == 0
         distributed.set_data_parallel(
             parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size(), leader
         )
+        return self.device
 
     def prepare(self) -> None:
         from aligner.modeling import megatron as mb
@@ -314,6 +331,139 @@ class MegatronBackend(HfBackend):
         mb.load_hf_weights(self.megatron_model, self.policy.state_dict(), self.policy.config)
 
 
+class FsdpBackend(HfBackend):
+    """`model.backend: fsdp`: FSDP2 shards (aligner/modeling/fsdp.py) train; each rank holds 1/world of every
+    weight, gradient and AdamW state, loaded rank-locally from the policy folder's safetensors. Generation, the
+    rollout's log-probs and the reference use a whole HF copy of the policy in the compute dtype (bf16 under
+    bf16-mixed), refit after every step by gathering the shards one parameter at a time (the full model in float32
+    never exists at once); the reference is a frozen copy of it kept on the CPU. One process runs it on a process
+    group of one rank. Every forward of the shards is a collective: each rank runs as many passes as the rank with
+    the most (`passes_to_match`, `idle_pass`). A checkpoint holds the shards and AdamW state as a
+    torch.distributed.checkpoint folder (resumable at any number of processes: DCP reshards) and the gathered
+    policy as a Hugging Face folder (for downloads)."""
+
+    name = "fsdp"
+    autocasts = False  # bf16-mixed: MixedPrecisionPolicy gathers bfloat16 parameters; autocast would mix again
+
+    def __init__(self, config: TrainConfig):
+        super().__init__(config)
+        self.sharded: nn.Module | None = None
+        self.refit_peak_bytes = 0  # the most gathered bytes the latest refit held at once
+
+    def init_parallel(self, device: torch.device) -> torch.device:
+        from aligner.modeling import fsdp
+
+        self.device = fsdp.init_process_group(device)
+        return self.device
+
+    def load(self) -> nn.Module:
+        from aligner.modeling import fsdp
+
+        model = self.config.model
+        self.sharded = fsdp.load_sharded_policy(
+            model.policy_path,
+            self.device,
+            model.dtype,
+            model.precision,
+            cpu_offload=model.fsdp.cpu_offload,
+            activation_checkpointing=model.activation_checkpointing,
+            attn_implementation=model.attn_implementation,
+        )
+        self.sharded.train()
+        copy_dtype = compute_dtype(model.precision)
+        self.policy = load_policy(
+            model.policy_path,
+            model.dtype if copy_dtype is None else _dtype_name(copy_dtype),
+            self.device,
+            model.attn_implementation,
+        )
+        self.policy.requires_grad_(False)
+        return self.policy
+
+    def reference(self):
+        return ReferencePolicy(self.policy, compute_dtype(self.config.model.precision))
+
+    def prepare(self) -> None:
+        """Activation checkpointing is applied when the shards are made (`load`)."""
+
+    @property
+    def trained(self) -> nn.Module:
+        return self.sharded
+
+    @property
+    def rollout_module(self) -> nn.Module:
+        return self.policy  # whole, refit after every step; its forward is no collective
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        from aligner.modeling import fsdp
+
+        fsdp.reshard(self.sharded)  # the shards themselves, not a gathered root left by a no-grad forward
+        return super().trainable_parameters()
+
+    def same_on_every_rank(self) -> None:
+        """Every rank read its shards and its copy from the same files."""
+
+    def passes_to_match(self, passes: int) -> int:
+        return int(distributed.max_over_ranks({"passes": passes})["passes"]) - passes
+
+    def idle_pass(self) -> None:
+        """A forward and backward of one token with a zero loss: the collectives of a pass, no gradient."""
+        token = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        (self.sharded(input_ids=token).logits.sum() * 0).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
+        """FSDP2 summed the gradients over ranks in the backward (reduce-scatter); clip over every shard and step."""
+        from aligner.modeling import fsdp
+
+        return fsdp.clip_and_step(optimizer, self.sharded.parameters(), max_grad_norm).item()
+
+    def refit(self, generator) -> None:
+        """The whole copy := the shards, gathered one parameter at a time; then the engine takes it."""
+        from aligner.modeling import fsdp
+
+        tally = fsdp.GatherTally()
+        params = dict(self.policy.named_parameters())
+        device = next(self.policy.parameters()).device
+        with torch.no_grad():
+            for name, full in fsdp.full_weights(self.sharded, self.policy.dtype, device, tally):
+                params[name].copy_(full)
+        self.refit_peak_bytes = tally.peak_bytes
+        generator.update_weights(self.policy)
+
+    def save(self, folder: Path, optimizer: torch.optim.Optimizer, tokenizer) -> dict[str, Any]:
+        """Every rank writes its shards and AdamW state (DCP), and fsyncs them; the gathered policy goes to policy/."""
+        from aligner.modeling import fsdp
+
+        fsdp.save_checkpoint(self.sharded, optimizer, folder / FSDP_DIR)
+        for own in (folder / FSDP_DIR).glob(f"__{distributed.rank()}_*"):
+            fsync_file(own)  # where ranks span nodes only the writer's fsync surely reaches the disk
+        fsdp.export_hf(self.sharded, folder / POLICY_DIR, tokenizer)
+        return {BACKEND_KEY: self.name, "optimizer": None, "megatron_layout": None}
+
+    def read(self, folder: Path, state: dict[str, Any]) -> dict[str, Any]:
+        """The checkpoint's files were verified against its manifest; DCP reads the shards as it applies them."""
+        self._check_written_by(folder, state)
+        with reading(FSDP_DIR):
+            if not (folder / FSDP_DIR / ".metadata").is_file():
+                raise FileNotFoundError(f"{FSDP_DIR}/.metadata")
+        return {}
+
+    def apply(self, folder: Path, loaded: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+        from aligner.modeling import fsdp
+
+        fsdp.load_checkpoint(self.sharded, optimizer, folder / FSDP_DIR)
+
+    def export(self, folder: Path, tokenizer) -> None:
+        """Every rank: the shards gathered into a Hugging Face folder, in model.dtype (rank 0 writes it)."""
+        from aligner.modeling import fsdp
+
+        fsdp.export_hf(self.sharded, folder, tokenizer)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def _older_backend(folder: Path, state: dict[str, Any]) -> str:
     """The backend of a checkpoint written before the state file recorded it."""
     if state.get("megatron_layout") is not None:
@@ -321,9 +471,12 @@ def _older_backend(folder: Path, state: dict[str, Any]) -> str:
     return LoraBackend.name if (folder / ADAPTER_DIR).is_dir() else HfBackend.name
 
 
-def build_backend(config: TrainConfig, device: torch.device) -> HfBackend:
-    """The backend `config.model` asks for (its combinations are checked by aligner/config.py)."""
+def build_backend(config: TrainConfig) -> HfBackend:
+    """The backend `config.model` asks for (its combinations are checked by aligner/config.py); it joins its process
+    groups and picks its device in `init_parallel`."""
     model = config.model
     if model.backend == "megatron":
-        return MegatronBackend(config, device)
-    return LoraBackend(config, device) if model.lora.r > 0 else HfBackend(config, device)
+        return MegatronBackend(config)
+    if model.backend == "fsdp":
+        return FsdpBackend(config)
+    return LoraBackend(config) if model.lora.r > 0 else HfBackend(config)

@@ -175,9 +175,9 @@ class ReinforceTrainer:
         checkpoints = self._take_run_dir(resume)
         if resume and not checkpoints and not self.skipped_checkpoints:
             print(f"no checkpoint in {self.run_dir}: starting from the beginning", file=sys.stderr)
-        self.device = distributed.init(resolve_device(cfg.model.device))
-        self.backend = build_backend(cfg, self.device)
-        self.backend.init_parallel()  # model-parallel groups decide each rank's share of the data
+        self.backend = build_backend(cfg)
+        # The process groups (with model parallelism, they decide each rank's share of the data) and the device.
+        self.device = self.backend.init_parallel(resolve_device(cfg.model.device))
         if cfg.reinforce.num_prompts_per_step < distributed.dp_size():
             raise ConfigError(
                 f"reinforce.num_prompts_per_step ({cfg.reinforce.num_prompts_per_step}) is global over processes and "
@@ -298,6 +298,10 @@ class ReinforceTrainer:
         """The policy's and reference's forwards in `model.precision`'s compute dtype (nothing for fp32)."""
         precision = self.config.model.precision
         return autocast(precision, self.device) if compute_dtype(precision) else contextlib.nullcontext()
+
+    def training_autocast(self):
+        """`autocast` for the training forward, where the backend does not cast by itself."""
+        return self.autocast() if self.backend.autocasts else contextlib.nullcontext()
 
     # ----------------------------------------------------------------------------------------------- the loop
     def fit(self, until_step: int | None = None) -> None:
@@ -773,9 +777,10 @@ class ReinforceTrainer:
         else:  # nemo: each micro-batch's mean over its rows, averaged over the global number of micro-batches
             count = torch.tensor(len(micro), device=loss_mask.device)
         count = distributed.all_reduce_sum(count.float()).clamp(min=1)
+        idle = self.backend.passes_to_match(len(micro))  # asked before any pass: the passes are collectives too
         total = 0.0
         for rows, sub in micro:
-            with self.autocast():
+            with self.training_autocast():
                 logprobs = grouped_response_logprobs(self.backend.trained, sub)
             sub_mask = loss_mask[rows, : logprobs.shape[1]]
             normalizer = count * sub_mask.shape[0] if aggregation == "nemo" else count
@@ -786,6 +791,8 @@ class ReinforceTrainer:
             loss = reinforce_loss(logprobs, advantages[rows], sub_mask, aggregation, normalizer, weights)
             loss.backward()
             total += loss.item()
+        for _ in range(idle):  # sharded weights: every rank gathers them as often
+            self.backend.idle_pass()
         return total
 
     def _optimise_whole(self, rollout: Rollout) -> dict[str, float]:

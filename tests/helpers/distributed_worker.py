@@ -3,6 +3,8 @@
     .venv/bin/python -m torch.distributed.run --standalone --nproc_per_node 2 -m tests.helpers.distributed_worker \
         CFG OUT
     .venv/bin/python -m tests.helpers.distributed_worker CFG OUT     # the 1-process reference
+    ... CFG OUT 2            # stop after step 2 (with a checkpoint)
+    ... CFG OUT "" resume    # resume from the run's newest checkpoint
 
 Runs `ReinforceTrainer.fit` on the config in CFG (JSON) with a generator whose samples do not depend on how the
 prompts are split over ranks, and records the gradient of every optimiser step (after the all-reduce), the final
@@ -53,18 +55,25 @@ class PerPromptGenerator:
         return out
 
 
-def main(config_path: str, out_path: str) -> None:
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A backend fsdp shard's whole tensor (a collective: every rank calls it), or `tensor` itself."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def main(config_path: str, out_path: str, until: str = "", resume: str = "") -> None:
     config = config_from_dict(json.loads(Path(config_path).read_text()))
     trainer = (PPOTrainer if config.algorithm == "ppo" else ReinforceTrainer)(config)
-    trainer.setup()
+    trainer.setup(resume=resume == "resume")
     trainer.generator = PerPromptGenerator(trainer.generator)
     grads = []
     trainer.optimizer.register_step_pre_hook(
         lambda *_: grads.append(
-            {n: p.grad.clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
+            {n: whole(p.grad).clone() for n, p in trainer.backend.trained.named_parameters() if p.grad is not None}
         )
     )
-    trainer.fit()
+    trainer.fit(until_step=int(until) if until else None)
     if distributed.is_main():
         torch.save(
             {
@@ -80,5 +89,5 @@ def main(config_path: str, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])
     distributed.exit_rank(0)

@@ -9,6 +9,7 @@ from aligner.errors import ConfigError
 from aligner.run_layout import ADAPTER_DIR, STATE_FILE, list_checkpoints
 from aligner.trainers.policy_backends import (
     BACKEND_KEY,
+    FsdpBackend,
     HfBackend,
     LoraBackend,
     MegatronBackend,
@@ -19,13 +20,13 @@ from tests.helpers.training import train
 
 
 def test_the_config_picks_the_backend(run_config):
-    cpu = torch.device("cpu")
-    assert type(build_backend(run_config(), cpu)) is HfBackend
-    assert type(build_backend(run_config(model={"lora": {"r": 4}}), cpu)) is LoraBackend
+    assert type(build_backend(run_config())) is HfBackend
+    assert type(build_backend(run_config(model={"lora": {"r": 4}}))) is LoraBackend
+    assert type(build_backend(run_config(model={"backend": "fsdp"}))) is FsdpBackend
     # The combination rules (aligner/config.py) are not what is tested here: build the config around them.
     megatron = run_config()
     megatron.model.backend = "megatron"
-    assert type(build_backend(megatron, cpu)) is MegatronBackend
+    assert type(build_backend(megatron)) is MegatronBackend
 
 
 def test_a_checkpoint_from_before_the_backend_was_recorded_names_its_backend(tmp_path):

@@ -1,0 +1,84 @@
+"""`model.backend: fsdp` through the trainer (aligner/trainers/policy_backends.py FsdpBackend): the update of FSDP2
+shards on 2 ranks and on 1 is the `hf` backend's on 1 process, a 2-rank checkpoint resumes on 1 process and goes on
+as the uninterrupted run, and the final policy is a Hugging Face folder. The building blocks themselves are tested
+in tests/aligner/modeling/test_fsdp.py; the equivalence harness is tests/aligner/test_distributed.py's."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from aligner.run_layout import FINAL_POLICY_DIR, STATE_FILE, list_checkpoints
+from aligner.trainers.policy_backends import BACKEND_KEY, FSDP_DIR, POLICY_DIR
+from tests.aligner.test_distributed import ROOT, TORCHRUN, _assert_same_run, _config, _one_and_two_ranks
+
+WORKER = [sys.executable, "-m", "tests.helpers.distributed_worker"]
+
+
+def _fsdp(config: dict) -> dict:
+    return {**config, "model": {**config["model"], "backend": "fsdp"}}
+
+
+def _worker(args: list[str], ranks: int) -> None:
+    command = [*TORCHRUN, *WORKER[1:]] if ranks > 1 else WORKER
+    done = subprocess.run([*command, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+@pytest.mark.slow(60)
+def test_fsdp_on_two_ranks_makes_the_one_process_hf_update(tmp_path, tiny_policy_dir):
+    """Same rollouts, 2 optimiser steps, uneven shares (3 and 2 prompts, so the ranks run different numbers of
+    micro-batches and the shorter one adds idle passes): the gathered gradients, weights, metrics and samples of
+    the 2-rank FSDP run are the 1-process hf run's, to float32 rounding."""
+    configs = {
+        1: _config(tmp_path, tiny_policy_dir, "hf1"),
+        2: _fsdp(_config(tmp_path, tiny_policy_dir, "fsdp2")),
+    }
+    one, two = _one_and_two_ranks(tmp_path, configs)
+    _assert_same_run(one, two, optimiser_steps=2)
+    newest = list_checkpoints(tmp_path / "fsdp2")[-1]
+    assert torch.load(newest / STATE_FILE, weights_only=False)[BACKEND_KEY] == "fsdp"
+    assert (newest / FSDP_DIR / ".metadata").is_file() and (newest / POLICY_DIR / "config.json").is_file()
+
+
+@pytest.mark.slow(90)
+def test_a_two_rank_fsdp_checkpoint_resumes_on_one_process_and_exports_a_hugging_face_folder(
+    tmp_path, tiny_policy_dir
+):
+    """2 ranks stop after step 2; one process resumes their sharded checkpoint (DCP reshards it) and trains to step
+    4: the weights are those of 4 uninterrupted hf steps on 1 process, and final_policy loads with from_pretrained
+    and holds them."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers import distributed_worker
+
+    steps = {"trainer": {"max_steps": 4, "val_check_interval": 0, "save_interval": 2}}
+    hf = tmp_path / "hf.json"
+    hf.write_text(json.dumps(_config(tmp_path, tiny_policy_dir, "hf", **steps)))
+    fsdp = tmp_path / "fsdp.json"
+    fsdp.write_text(json.dumps(_fsdp(_config(tmp_path, tiny_policy_dir, "fsdp", **steps))))
+    first = subprocess.Popen(
+        [*TORCHRUN, *WORKER[1:], str(fsdp), str(tmp_path / "half.pt"), "2"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        distributed_worker.main(str(hf), str(tmp_path / "hf.pt"))  # meanwhile, the uninterrupted reference
+    finally:
+        output, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, output[-4000:]
+    assert [c.name for c in list_checkpoints(tmp_path / "fsdp")] == ["step_000002"]
+    _worker([str(fsdp), str(tmp_path / "resumed.pt"), "", "resume"], ranks=1)
+
+    straight = torch.load(tmp_path / "hf.pt", weights_only=False)
+    resumed = torch.load(tmp_path / "resumed.pt", weights_only=False)
+    assert resumed["world_size"] == 1 and [r["step"] for r in resumed["metrics"]][-1] == 4
+    for name, weight in straight["weights"].items():
+        torch.testing.assert_close(resumed["weights"][name], weight, rtol=1e-5, atol=1e-6)
+    exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "fsdp" / FINAL_POLICY_DIR)).state_dict()
+    for name, weight in straight["weights"].items():
+        torch.testing.assert_close(exported[name], weight, rtol=1e-5, atol=1e-6)
