@@ -22,6 +22,9 @@ OPTIM_PREFIX = "train_optim/"
 VAL_PREFIX = "val/"
 TIMERS_PREFIX = "timers/"
 THROUGHPUT_PREFIX = "throughput/"
+MEMORY_PREFIX = "memory/"
+# The families measured of the machine: two runs of one config (resumed, on another number of ranks) differ in them.
+MACHINE_PREFIXES = (TIMERS_PREFIX, THROUGHPUT_PREFIX, MEMORY_PREFIX)
 RM_TRAIN_PREFIX = "train/"
 
 # ------------------------------------------------------------------------------------------------- the names
@@ -70,6 +73,8 @@ TIMER_REFIT = "timers/refit"
 TIMER_VALIDATE = "timers/validate"
 TIMER_STEP = "timers/step"
 TIMER_WALL = "timers/wall"
+MEMORY_PEAK = "memory/peak_gb"
+MEMORY_REFIT_PEAK = "memory/refit_peak_gb"
 # The reward-model trainer (aligner/trainers/reward_model.py)
 RM_TRAIN_LOSS = "train/loss"
 RM_TRAIN_ACCURACY = "train/accuracy"
@@ -233,6 +238,19 @@ _SPECS = (
         "seconds since the previous step's metrics were logged: the step, and the previous step's checkpoint and "
         "logging, which timers/step leaves out",
         "seconds",
+        POLICY_TRAINERS,
+    ),
+    MetricSpec(
+        MEMORY_PEAK,
+        "the most memory a rank held during the step (the largest over ranks): on CUDA the allocator's peak, on "
+        "the CPU the process's peak resident size so far",
+        "GB",
+        POLICY_TRAINERS,
+    ),
+    MetricSpec(
+        MEMORY_REFIT_PEAK,
+        "backend fsdp: the most gathered weight bytes held at once while the generation copy was refit",
+        "GB",
         POLICY_TRAINERS,
     ),
     MetricSpec(RM_TRAIN_LOSS, "Bradley-Terry loss of the step's pairs", "loss", (REWARD_MODEL,)),

@@ -36,8 +36,8 @@ def build_generator(config: TrainConfig, model: nn.Module, tokenizer, eos_ids: l
     # model.precision bf16-mixed: generation runs on its own copy of the weights in the compute dtype; async rollouts
     # sample while the training module changes, so they need their own copy too.
     weights_dtype = compute_dtype(config.model.precision)
-    first = next(model.parameters())
-    if first.dtype == weights_dtype and not any(p.requires_grad for p in model.parameters()):
+    params = list(model.parameters()) if model is not None else []
+    if params and params[0].dtype == weights_dtype and not any(p.requires_grad for p in params):
         weights_dtype = None  # a copy that does not train and is in that dtype already (backend fsdp's) is shared
     own = config.trainer.async_rollouts > 0
     if engine == "torch":

@@ -132,3 +132,16 @@ def keep_freed_memory() -> bool:
         return all([bool(libc.mallopt(param, value)) for param, value in settings])
     except (OSError, AttributeError):  # not glibc (musl, ...)
         return False
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """The most memory this process held on `device` since the last call: CUDA's allocator peak (reset here, so
+    each call covers the time since the one before); on the CPU the process's peak resident size so far (the
+    kernel's ru_maxrss, which cannot be reset)."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes

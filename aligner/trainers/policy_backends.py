@@ -37,6 +37,7 @@ from aligner import distributed
 from aligner.config import TrainConfig
 from aligner.durable import fsync_file
 from aligner.errors import ConfigError
+from aligner.metrics import MEMORY_REFIT_PEAK
 from aligner.modeling.device import compute_dtype
 from aligner.modeling.hf import load_policy, save_policy
 from aligner.modeling.reference import ReferencePolicy
@@ -119,6 +120,10 @@ class HfBackend:
         """Gradients summed over ranks, clipped to `max_grad_norm`, one optimiser step; their norm before clipping."""
         distributed.all_reduce_gradients(self.trained.parameters())
         return optimizer_step(optimizer, self.trained.parameters(), max_grad_norm).item()
+
+    def memory_metrics(self) -> dict[str, float]:
+        """What this backend measured of its memory in the step (GB)."""
+        return {}
 
     def refit(self, generator) -> None:
         """The generation engine takes the policy's current weights."""
@@ -429,6 +434,9 @@ class FsdpBackend(HfBackend):
                 params[name].copy_(full)
         self.refit_peak_bytes = tally.peak_bytes
         generator.update_weights(self.policy)
+
+    def memory_metrics(self) -> dict[str, float]:
+        return {MEMORY_REFIT_PEAK: self.refit_peak_bytes / 1e9}
 
     def save(self, folder: Path, optimizer: torch.optim.Optimizer, tokenizer) -> dict[str, Any]:
         """Every rank writes its shards and AdamW state (DCP), and fsyncs them; the gathered policy goes to policy/."""

@@ -51,6 +51,7 @@ from aligner.metrics import (
     INIT_POLICY_KL,
     LOSS,
     LR,
+    MEMORY_PEAK,
     TIMER_GENERATE,
     TIMER_GENERATE_WAIT,
     TIMER_INIT_LOGPROBS,
@@ -74,6 +75,7 @@ from aligner.modeling.device import (
     bf16_note,
     compute_dtype,
     keep_freed_memory,
+    peak_memory_bytes,
     resolve_device,
 )
 from aligner.modeling.hf import eos_token_ids, load_tokenizer, quiet_transformers
@@ -396,7 +398,8 @@ class ReinforceTrainer:
                 now = time.perf_counter()
                 timers = {**self.timers.pop(), TIMER_STEP: now - started, TIMER_WALL: now - logged}
                 logged = now
-                metrics.update(distributed.max_over_ranks(timers))  # a step waits for its slowest rank
+                memory = {MEMORY_PEAK: peak_memory_bytes(self.device) / 1e9, **self.backend.memory_metrics()}
+                metrics.update(distributed.max_over_ranks({**timers, **memory}))  # a step waits for its slowest rank
                 metrics.update(throughput_metrics(rollout.batch, metrics[TIMER_STEP]))
                 self.log.log_metrics(self.step, metrics)
                 n = cfg.train_samples_to_log

@@ -57,6 +57,8 @@ USER_VISIBLE = [
     "timers/validate",
     "timers/step",
     "timers/wall",
+    "memory/peak_gb",
+    "memory/refit_peak_gb",
     "train/loss",
     "train/accuracy",
     "train/margin",
@@ -124,7 +126,7 @@ def test_no_product_file_spells_a_registered_name():
     """A name spelled outside the registry goes stale silently when the registry's changes: a registered name in
     quotes, or a string that starts with a family's prefix (an f-string making a gold reward's or a timer's name)."""
     spelled = "|".join(map(re.escape, names()))
-    prefixes = "|".join(map(re.escape, [GOLD_REWARD_PREFIX, metrics.TIMERS_PREFIX, metrics.THROUGHPUT_PREFIX]))
+    prefixes = "|".join(map(re.escape, [GOLD_REWARD_PREFIX, *metrics.MACHINE_PREFIXES]))
     quoted = re.compile(rf"""["']({spelled})["']|["']({prefixes})""")
     found = []
     for folder in ("aligner", "webapp", "worker", "bench", "scripts"):

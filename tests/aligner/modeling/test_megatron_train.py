@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 pytest.importorskip("megatron.core")
 
 from aligner.cli import main  # noqa: E402
+from aligner.metrics import MACHINE_PREFIXES  # noqa: E402
 from aligner.run_layout import MANIFEST_FILE, checkpoint_problem  # noqa: E402
 from aligner.trainers.run_log import read_jsonl  # noqa: E402
 
@@ -68,7 +69,7 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
 
 
 def _without_timers(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(("timers/", "throughput/"))} for r in rows]
+    return [{k: v for k, v in r.items() if not k.startswith(MACHINE_PREFIXES)} for r in rows]
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -254,7 +254,7 @@ def test_ppo_two_steps_resume_two_steps_equals_four_steps(run_config, reward_mod
     assert all(torch.equal(v, critics[1]["critic"][k]) for k, v in critics[0]["critic"].items())
     # Values (and every other metric) of the resumed steps are those of the straight run, bit for bit.
     rows = [read_jsonl(t.run_dir / "metrics.jsonl") for t in (straight, resumed)]
-    strip = [[{k: v for k, v in r.items() if not k.startswith(("timers/", "throughput/"))} for r in rs] for rs in rows]
+    strip = [[{k: v for k, v in r.items() if not k.startswith(metrics.MACHINE_PREFIXES)} for r in rs] for rs in rows]
     assert strip[0] == strip[1]
     assert all(name in rows[0][1] for name in PPO_METRICS)
     logged = {key for row in rows[0] for key in row} - {"step"}

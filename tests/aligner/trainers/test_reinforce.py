@@ -56,10 +56,7 @@ NEMO_METRICS = [
 
 
 def without_timers(rows):
-    return [
-        {k: v for k, v in row.items() if not k.startswith((metrics.TIMERS_PREFIX, metrics.THROUGHPUT_PREFIX))}
-        for row in rows
-    ]
+    return [{k: v for k, v in row.items() if not k.startswith(metrics.MACHINE_PREFIXES)} for row in rows]
 
 
 def test_two_steps_resume_two_steps_equals_four_steps(run_config, capsys):
