@@ -183,6 +183,26 @@ MEGATRON = ["model.backend=megatron"]
         ),
         (PPO + MEGATRON, "algorithm: ppo cannot be combined with model.backend: megatron", PPO),
         (
+            MEGATRON + ["model.gradient_checkpointing=true"],  # the older name of the field
+            "model.backend: megatron cannot be combined with model.activation_checkpointing",
+            ["model.activation_checkpointing=true"],
+        ),
+        (
+            ["model.fsdp.cpu_offload=true"],
+            "model.fsdp.cpu_offload: true needs model.backend: fsdp (not hf)",
+            ["model.fsdp.cpu_offload=true", "model.backend=fsdp"],
+        ),
+        (
+            ["model.backend=fsdp", "model.lora.r=4"],
+            "model.backend: fsdp cannot be combined with model.lora (r: 4) yet",
+            ["model.backend=fsdp", "model.activation_checkpointing=true", "model.precision=bf16-mixed"] + PPO,
+        ),
+        (
+            ["trainer.async_rollouts=1", "model.backend=fsdp"],
+            "trainer.async_rollouts: 1 cannot be combined with model.backend: fsdp",
+            ["model.backend=fsdp", "reinforce.dynamic_batching=true"],
+        ),
+        (
             ["model.precision=bf16-mixed", "model.dtype=bfloat16"],
             "model.precision: bf16-mixed keeps float32 master weights: set model.dtype: float32 (not bfloat16)",
             ["model.dtype=bfloat16"],

@@ -82,3 +82,20 @@ def test_a_two_rank_fsdp_checkpoint_resumes_on_one_process_and_exports_a_hugging
     exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "fsdp" / FINAL_POLICY_DIR)).state_dict()
     for name, weight in straight["weights"].items():
         torch.testing.assert_close(exported[name], weight, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow(60)
+def test_ppo_actor_on_fsdp_shards_makes_the_one_process_hf_update(tmp_path, tiny_policy_dir, reward_model_dir):
+    """PPO's actor as FSDP2 shards on 2 ranks (one critic server for both, trained on the gathered batch): actor
+    gradients, weights, metrics and samples are those of the 1-process hf actor."""
+    pytest.importorskip("pytriton")
+    sections = {
+        "critic": {"model_path": str(reward_model_dir), "server_overrides": ["lr=1e-3", "num_threads=1"]},
+        "ppo": {"normalize_advantages": True},
+        "trainer": {"train_samples_to_log": 15, "val_check_interval": 2, "save_interval": 2},
+    }
+    configs = {r: {**_config(tmp_path, tiny_policy_dir, f"ppo{r}", **sections), "algorithm": "ppo"} for r in (1, 2)}
+    configs[2] = _fsdp(configs[2])
+    one, two = _one_and_two_ranks(tmp_path, configs)
+    _assert_same_run(one, two, optimiser_steps=2)
+    assert all(r["train_optim/critic_loss"] > 0 for r in one["metrics"][1:])
