@@ -101,14 +101,17 @@ def test_a_job_without_a_run_dir_gets_the_data_folders_runs_job_id(factory, tmp_
 
 
 @pytest.mark.slow
-def test_a_two_process_job_runs_under_torchrun(tmp_path, job_config):
-    """num_processes=2: torchrun with 2 data-parallel ranks; rank 0's metrics and samples reach SQL once each."""
+@pytest.mark.parametrize("backend", ["hf", "fsdp"])
+def test_a_two_process_job_runs_under_torchrun(tmp_path, job_config, backend):
+    """num_processes=2: torchrun with 2 ranks (data parallel, or FSDP2 shards); rank 0's metrics and samples reach
+    SQL once each; the final policy is a Hugging Face folder whatever the backend."""
     from webapp.db import Base, make_engine, make_session_factory
 
     engine = make_engine(f"sqlite:///{tmp_path / 'aligner.db'}")
     Base.metadata.create_all(engine)
     factory = make_session_factory(engine)
-    job_id = create_job(factory, job_config(max_steps=2), tmp_path / "run", num_processes=2)
+    config = job_config(max_steps=2, model={"backend": backend})
+    job_id = create_job(factory, config, tmp_path / "run", num_processes=2)
     result = run_job(job_id, worker_settings(tmp_path), factory)
     assert result["outcome"] == "succeeded", result
     job = job_row(factory, job_id)
@@ -119,7 +122,8 @@ def test_a_two_process_job_runs_under_torchrun(tmp_path, job_config):
     assert sorted(steps) == [0, 2] and samples == 6 * 2 + 8 * 2  # validation at 0 and 2 (6 prompts); 8 a step
     log = (tmp_path / "run" / "train.log").read_text()
     assert "torch.distributed.run --standalone --nproc_per_node 2" in log and log.count("final policy:") == 1
-    assert (tmp_path / "run" / "final_policy").is_dir()
+    assert (tmp_path / "run" / "final_policy" / "config.json").is_file()
+    assert (tmp_path / "run" / "checkpoints" / "step_000002" / "fsdp").is_dir() == (backend == "fsdp")
     engine.dispose()
 
 
