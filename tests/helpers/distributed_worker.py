@@ -74,12 +74,14 @@ def main(config_path: str, out_path: str, until: str = "", resume: str = "") -> 
         )
     )
     trainer.fit(until_step=int(until) if until else None)
+    # The trained weights themselves (backend fsdp's whole copy is in the compute dtype); every rank gathers.
+    weights = {k: whole(v).clone() for k, v in trainer.backend.trained.state_dict().items()}
     if distributed.is_main():
         torch.save(
             {
                 "world_size": distributed.world_size(),
                 "grads": grads,
-                "weights": {k: v.clone() for k, v in trainer.policy.state_dict().items()},
+                "weights": weights,
                 "metrics": read_jsonl(trainer.run_dir / "metrics.jsonl"),
                 "samples": read_jsonl(trainer.run_dir / "samples.jsonl"),
             },

@@ -43,6 +43,35 @@ def test_fsdp_on_two_ranks_makes_the_one_process_hf_update(tmp_path, tiny_policy
     assert (newest / FSDP_DIR / ".metadata").is_file() and (newest / POLICY_DIR / "config.json").is_file()
 
 
+@pytest.mark.slow(40)
+def test_bf16_mixed_fsdp_on_two_ranks_takes_the_one_process_bf16_mixed_step(tmp_path, tiny_policy_dir):
+    """bf16-mixed: FSDP2's MixedPrecisionPolicy (bfloat16 parameters gathered for the compute, float32 shards and
+    reduction) against hf's autocast over float32 weights, one optimiser step on the same rollout. The two compute in
+    bfloat16 differently (autocast keeps some ops in float32), so they agree to bfloat16's precision (8 bits of
+    mantissa, ~0.4% an op, ~1% over a forward and backward of this depth), not to float32's: the loss and gradient
+    norm within 5%, and the weight updates pointing the same way (cosine > 0.98; AdamW's first step moves each
+    weight by about lr * sign(g), so entries whose gradient is near 0 may flip)."""
+    bf16 = {"model": {"precision": "bf16-mixed"}, "trainer": {"max_steps": 1, "save_interval": 1}}
+    configs = {
+        1: _config(tmp_path, tiny_policy_dir, "hf1", **bf16),
+        2: _fsdp(_config(tmp_path, tiny_policy_dir, "f2", **bf16)),
+    }
+    one, two = _one_and_two_ranks(tmp_path, configs)
+    (r1,), (r2,) = ([r for r in run["metrics"] if r["step"] == 1] for run in (one, two))
+    for key in ("train_optim/loss", "train_optim/grad_norm", "train_rollouts/rewards"):
+        assert r2[key] == pytest.approx(r1[key], rel=5e-2, abs=1e-4), key
+    from safetensors.torch import load_file
+
+    start = load_file(tiny_policy_dir / "model.safetensors")
+
+    def moved(run: dict) -> torch.Tensor:
+        return torch.cat([(w.float() - start[k]).flatten() for k, w in sorted(run["weights"].items()) if k in start])
+
+    moved = {"hf": moved(one), "fsdp": moved(two)}
+    assert moved["hf"].abs().max() > 0
+    assert torch.nn.functional.cosine_similarity(moved["hf"], moved["fsdp"], dim=0) > 0.98
+
+
 @pytest.mark.slow(90)
 def test_a_two_rank_fsdp_checkpoint_resumes_on_one_process_and_exports_a_hugging_face_folder(
     tmp_path, tiny_policy_dir
