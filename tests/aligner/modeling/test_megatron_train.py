@@ -53,9 +53,12 @@ def _config(tmp_path: Path, policy: Path, run: str, **model) -> Path:
     return path
 
 
-def _torchrun(*args: str) -> subprocess.CompletedProcess:
+def _torchrun(*args: str, processes: int = 2) -> subprocess.CompletedProcess:
+    """tests/helpers/megatron_train.py under torchrun, or in a plain process (`processes` 1)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    if processes == 1:
+        cmd = [sys.executable]
     done = subprocess.run(
         [*cmd, str(HELPERS / "megatron_train.py"), *args],
         cwd=ROOT,
@@ -123,6 +126,15 @@ def test_tensor_parallel_2_trains_like_the_hf_backend(tmp_path, tiny_policy_dir,
     assert sorted(p.name for p in checkpoint.glob("megatron_optimizer_rank*.pt")) == ranks
     assert set(ranks) <= json.loads((checkpoint / MANIFEST_FILE).read_text())["files"].keys()
     assert checkpoint_problem(checkpoint) is None
+
+
+@pytest.mark.slow
+def test_one_process_without_torchrun_trains_like_the_hf_backend(tmp_path, tiny_policy_dir, hf_run):
+    """Megatron's parallel state on a process group of one rank, made by the backend itself (no torchrun)."""
+    config = _config(tmp_path, tiny_policy_dir, "one", backend="megatron")
+    done = _torchrun("train", "--config", str(config), processes=1)
+    assert done.stdout.count("final policy:") == 1
+    _assert_same_weights(tmp_path / "one", hf_run)
 
 
 @pytest.mark.slow
