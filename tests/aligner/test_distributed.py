@@ -116,6 +116,17 @@ def _config(tmp_path: Path, policy: Path, run: str, **sections) -> dict:
     return config
 
 
+def _ppo_config(tmp_path: Path, policy: Path, critic: Path, run: str) -> dict:
+    """`_config` for PPO, with a critic server started from the reward-model folder `critic`."""
+    sections = {
+        "critic": {"model_path": str(critic), "server_overrides": ["lr=1e-3", "num_threads=1"]},
+        "ppo": {"normalize_advantages": True},
+        # One validation and one checkpoint (a critic_save) fewer than the REINFORCE run: the critic server is slow.
+        "trainer": {"train_samples_to_log": 15, "val_check_interval": 2, "save_interval": 2},
+    }
+    return {**_config(tmp_path, policy, run, **sections), "algorithm": "ppo"}
+
+
 def _run(command: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -258,13 +269,7 @@ def test_ppo_on_two_ranks_makes_the_one_rank_update(tmp_path, tiny_policy_dir, r
     advantages are whitened over it. Actor gradients, weights, metrics (the critic's loss among them) and samples
     of 2 processes are those of 1."""
     pytest.importorskip("pytriton")
-    sections = {
-        "critic": {"model_path": str(reward_model_dir), "server_overrides": ["lr=1e-3", "num_threads=1"]},
-        "ppo": {"normalize_advantages": True},
-        # One validation and one checkpoint (a critic_save) fewer than the REINFORCE run: the critic server is slow.
-        "trainer": {"train_samples_to_log": 15, "val_check_interval": 2, "save_interval": 2},
-    }
-    configs = {r: {**_config(tmp_path, tiny_policy_dir, f"ppo{r}", **sections), "algorithm": "ppo"} for r in (1, 2)}
+    configs = {r: _ppo_config(tmp_path, tiny_policy_dir, reward_model_dir, f"ppo{r}") for r in (1, 2)}
     one, two = _one_and_two_ranks(tmp_path, configs)
     _assert_same_run(one, two, optimiser_steps=2)
     assert all(r["train_optim/critic_loss"] > 0 for r in one["metrics"][1:])

@@ -12,7 +12,14 @@ import torch
 
 from aligner.run_layout import FINAL_POLICY_DIR, STATE_FILE, list_checkpoints
 from aligner.trainers.policy_backends import BACKEND_KEY, FSDP_DIR, POLICY_DIR
-from tests.aligner.test_distributed import ROOT, TORCHRUN, _assert_same_run, _config, _one_and_two_ranks
+from tests.aligner.test_distributed import (
+    ROOT,
+    TORCHRUN,
+    _assert_same_run,
+    _config,
+    _one_and_two_ranks,
+    _ppo_config,
+)
 
 WORKER = [sys.executable, "-m", "tests.helpers.distributed_worker"]
 
@@ -118,12 +125,7 @@ def test_ppo_actor_on_fsdp_shards_makes_the_one_process_hf_update(tmp_path, tiny
     """PPO's actor as FSDP2 shards on 2 ranks (one critic server for both, trained on the gathered batch): actor
     gradients, weights, metrics and samples are those of the 1-process hf actor."""
     pytest.importorskip("pytriton")
-    sections = {
-        "critic": {"model_path": str(reward_model_dir), "server_overrides": ["lr=1e-3", "num_threads=1"]},
-        "ppo": {"normalize_advantages": True},
-        "trainer": {"train_samples_to_log": 15, "val_check_interval": 2, "save_interval": 2},
-    }
-    configs = {r: {**_config(tmp_path, tiny_policy_dir, f"ppo{r}", **sections), "algorithm": "ppo"} for r in (1, 2)}
+    configs = {r: _ppo_config(tmp_path, tiny_policy_dir, reward_model_dir, f"ppo{r}") for r in (1, 2)}
     configs[2] = _fsdp(configs[2])
     one, two = _one_and_two_ranks(tmp_path, configs)
     _assert_same_run(one, two, optimiser_steps=2)
