@@ -1,6 +1,7 @@
 """`model.backend: fsdp` through the trainer (aligner/trainers/policy_backends.py FsdpBackend): the update of FSDP2
 shards on 2 ranks and on 1 is the `hf` backend's on 1 process, a 2-rank checkpoint resumes on 1 process and goes on
-as the uninterrupted run, and the final policy is a Hugging Face folder. The building blocks themselves are tested
+as the uninterrupted run, and the final policy is a Hugging Face folder; the same for LoRA on the shards
+(FsdpLoraBackend) against the `hf` + LoRA backend. The building blocks themselves are tested
 in tests/aligner/modeling/test_fsdp.py; the equivalence harness is tests/aligner/test_distributed.py's."""
 
 import json
@@ -188,3 +189,23 @@ def test_a_two_rank_lora_fsdp_checkpoint_resumes_on_one_process_and_exports_the_
     assert not torch.equal(
         exported["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"]
     )
+
+
+@pytest.mark.slow(60)
+def test_ppo_actor_with_lora_on_fsdp_shards_makes_the_one_process_lora_update(
+    tmp_path, tiny_policy_dir, reward_model_dir
+):
+    """PPO's actor as LoRA on FSDP2 shards on 2 ranks: adapter gradients, weights, metrics and samples are those of
+    the 1-process hf + LoRA actor."""
+    pytest.importorskip("pytriton")
+    sections = {
+        "critic": {"model_path": str(reward_model_dir), "server_overrides": ["lr=1e-3", "num_threads=1"]},
+        "ppo": {"normalize_advantages": True},
+        "trainer": {"train_samples_to_log": 15, "val_check_interval": 2, "save_interval": 2},
+    }
+    configs = {
+        r: {**_lora(_config(tmp_path, tiny_policy_dir, f"ppo{r}", **sections)), "algorithm": "ppo", "seed": 3}
+        for r in (1, 2)
+    }
+    configs[2] = _fsdp(configs[2])
+    _assert_same_run(*_one_and_two_ranks(tmp_path, configs), optimiser_steps=2)
