@@ -756,10 +756,6 @@ def combination_errors(config: TrainConfig) -> list[tuple[str, str]]:
                 broken.append((f"model.{name}", f"{getattr(model, name)} needs model.backend: megatron"))
     if model.fsdp.cpu_offload and model.backend != "fsdp":
         broken.append(("model.fsdp.cpu_offload", f"true needs model.backend: fsdp (not {model.backend})"))
-    if model.backend == "fsdp" and model.lora.r > 0:
-        broken.append(
-            ("model.backend", f"fsdp cannot be combined with model.lora (r: {model.lora.r}) yet: use backend hf")
-        )
 
     # What the Megatron backend trains: the full model, one optimiser step per rollout, in model.dtype.
     if megatron:

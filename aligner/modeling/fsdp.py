@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,6 +159,9 @@ def load_sharded_policy(
     activation_checkpointing: bool = False,
     attn_implementation: str = "eager",
     tally: LoadTally | None = None,
+    wrap: Callable[[nn.Module], nn.Module] | None = None,
+    file_name: Callable[[str], str | None] | None = None,
+    whole: dict[str, torch.Tensor] | None = None,
 ) -> nn.Module:
     """The policy folder's causal LM, sharded (`shard_policy`) with no rank ever holding a whole weight.
 
@@ -167,6 +170,12 @@ def load_sharded_policy(
     reads its own rows from the safetensors files (`fill_from_safetensors`), after the non-persistent buffers are
     recomputed (`recompute_buffers`). Needs a process group (`init_process_group`). Training mode, as
     `from_pretrained` leaves a model (eval mode) is not: call `.train()`. `tally` gets what this rank read.
+
+    LoRA (`model.backend: fsdp` with `model.lora.r > 0`): `wrap` (peft's wrapper, `lora.wrap_with_lora`) is applied
+    to the meta model before it is sharded, so each decoder layer's unit holds its frozen base weights and its
+    adapters; its random draws are made on the meta device, under a forked RNG, and change nothing. `file_name` maps
+    a parameter's name to its tensor's name in the files, None for a parameter they do not hold (`lora.file_name`),
+    and `whole` gives those their whole initial values, of which each rank copies its rows (`fill_from_whole`).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -177,13 +186,18 @@ def load_sharded_policy(
     config = AutoConfig.from_pretrained(str(path))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+        if wrap is not None:
+            with torch.random.fork_rng(devices=[]):
+                model = wrap(model)
     for param in model.parameters():
         param.data = param.data.to(dtype)  # parameters only: buffers such as inv_freq stay float32
     shard_policy(model, precision, cpu_offload, activation_checkpointing, device=device)
     offloaded = cpu_offload and device.type != "cpu"
     model.to_empty(device="cpu" if offloaded else device)
     recompute_buffers(model, device)  # first: re-initialising a module may touch its parameters too
-    read = fill_from_safetensors(model, path)
+    read = fill_from_safetensors(model, path, file_name)
+    if whole is not None:
+        fill_from_whole(model, whole)
     if tally is not None:
         tally.bytes_read, tally.largest_read = read.bytes_read, read.largest_read
     model.eval()
@@ -213,13 +227,15 @@ def _safetensors_files(path: Path) -> dict[str, Path]:
 
 
 @torch.no_grad()
-def fill_from_safetensors(model: nn.Module, path: str | Path) -> LoadTally:
+def fill_from_safetensors(
+    model: nn.Module, path: str | Path, file_name: Callable[[str], str | None] | None = None
+) -> LoadTally:
     """Copy into each sharded parameter of `model` this rank's rows of the tensor of the same name in the folder's
     safetensors files, read with `safe_open(...).get_slice(name)[start:stop]` (only those bytes leave the file);
     cast to the parameter's dtype. A tied parameter is one parameter under its first name (the embedding's), which
-    is the name such folders store. Returns what this rank read."""
+    is the name such folders store. `file_name`: the name in the files of a parameter named otherwise (a peft
+    wrapper's), None for one they do not hold (left as it is). Returns what this rank read."""
     from safetensors import safe_open
-    from torch.distributed.tensor import DTensor
 
     path = Path(path)
     where = _safetensors_files(path)
@@ -227,23 +243,51 @@ def fill_from_safetensors(model: nn.Module, path: str | Path) -> LoadTally:
     tally = LoadTally()
     by_file: dict[Path, list[tuple[str, nn.Parameter]]] = {}
     for name, param in model.named_parameters():
-        if name not in where:
-            raise KeyError(f"{path}: no tensor {name!r} in the safetensors files")
-        by_file.setdefault(where[name], []).append((name, param))
+        stored = name if file_name is None else file_name(name)
+        if stored is None:
+            continue
+        if stored not in where:
+            raise KeyError(f"{path}: no tensor {stored!r} in the safetensors files")
+        by_file.setdefault(where[stored], []).append((stored, param))
     for file, params in by_file.items():
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name, param in params:
-                local = param.to_local() if isinstance(param, DTensor) else param.data
-                num_rows = param.shape[0]
-                start, stop = shard_rows(num_rows, world, rank) if isinstance(param, DTensor) else (0, num_rows)
-                if local.shape[0] != stop - start:
-                    raise RuntimeError(f"{name}: local shard has {local.shape[0]} rows, expected {stop - start}")
+                local, start, stop = _local_rows(name, param, world, rank)
                 if stop > start:
                     rows = f.get_slice(name)[start:stop]
                     tally.bytes_read += rows.numel() * rows.element_size()
                     tally.largest_read = max(tally.largest_read, rows.numel() * rows.element_size())
                     local.copy_(rows.view(local.shape))
     return tally
+
+
+def _local_rows(name: str, param: torch.Tensor, world: int, rank: int) -> tuple[torch.Tensor, int, int]:
+    """This rank's local tensor of `param` and the [start, stop) rows of the whole tensor it holds."""
+    from torch.distributed.tensor import DTensor
+
+    local = param.to_local() if isinstance(param, DTensor) else param.data
+    num_rows = param.shape[0]
+    start, stop = shard_rows(num_rows, world, rank) if isinstance(param, DTensor) else (0, num_rows)
+    if local.shape[0] != stop - start:
+        raise RuntimeError(f"{name}: local shard has {local.shape[0]} rows, expected {stop - start}")
+    return local, start, stop
+
+
+@torch.no_grad()
+def fill_from_whole(model: nn.Module, whole: dict[str, torch.Tensor]) -> None:
+    """Copy into each sharded parameter of `model` named in `whole` this rank's rows of its whole tensor there (the
+    same on every rank: LoRA adapters initialised once, `FsdpLoraBackend`); every name must be a parameter."""
+    params = dict(model.named_parameters())
+    unknown = sorted(whole.keys() - params.keys())
+    if unknown:
+        raise KeyError(f"no parameters {unknown[:3]} in the sharded model")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for name, tensor in whole.items():
+        local, start, stop = _local_rows(name, params[name], world, rank)
+        if tuple(tensor.shape) != tuple(params[name].shape):
+            raise ValueError(f"{name}: whole tensor {tuple(tensor.shape)}, parameter {tuple(params[name].shape)}")
+        if stop > start:
+            local.copy_(tensor[start:stop])
 
 
 @torch.no_grad()
@@ -325,6 +369,7 @@ def full_weights(
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
     tally: GatherTally | None = None,
+    only: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) for each parameter of `model` (names as `named_parameters` gives them: a tied weight once,
     under the embedding's name), gathered one at a time with `DTensor.full_tensor()` (an all-gather: EVERY rank
@@ -334,12 +379,15 @@ def full_weights(
     is made): the full model in float32 never exists. What the caller keeps is its own business (a generation
     engine's copy, an export's dict); with one rank, and `dtype` and `device` the shards', a tensor may be a view
     of the live parameter (`full_tensor` of a 1-rank DTensor is its local tensor): clone what must outlive the next
-    step. `tally.peak_bytes` gets the most bytes held at once by the iterator."""
+    step. `tally.peak_bytes` gets the most bytes held at once by the iterator. `only`: gather just the parameters
+    whose name it accepts (LoRA's adapters: the frozen base never changes); it must answer alike on every rank."""
     from torch.distributed.tensor import DTensor
 
     tally = tally if tally is not None else GatherTally()
     reshard(model)
     for name, param in model.named_parameters():
+        if only is not None and not only(name):
+            continue
         with torch.no_grad():
             if isinstance(param, DTensor):
                 mesh_device = param.device_mesh.device_type
@@ -358,19 +406,30 @@ def full_weights(
         yield name, out
 
 
-def export_hf(model: nn.Module, folder: str | Path, tokenizer=None, dtype: torch.dtype | None = None) -> GatherTally:
+def export_hf(
+    model: nn.Module,
+    folder: str | Path,
+    tokenizer=None,
+    dtype: torch.dtype | None = None,
+    transform: Callable[[Iterator[tuple[str, torch.Tensor]]], Iterator[tuple[str, torch.Tensor]]] | None = None,
+) -> GatherTally:
     """Write `model` as a Hugging Face folder that `AutoModelForCausalLM.from_pretrained(folder)` loads: config.json
     (+ generation_config.json), model.safetensors and the tokenizer, from rank 0. Every rank must call it (the
     weights are gathered with `full_weights`, into host memory; rank 0 keeps them, in `dtype`, default the
     parameters' own). A tied head is not written: the config says it is tied, as `save_pretrained` does. Returns
-    the gather's tally."""
+    the gather's tally. `transform`: maps the stream of gathered (name, tensor) to the one written, in the
+    parameters' dtype before the cast to `dtype` (LoRA: `lora.merged_weights`, the adapters merged into plain
+    Hugging Face weights); every rank runs it."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     tally = GatherTally()
     main = dist.get_rank() == 0 if dist.is_initialized() else True
     state = {}
-    for name, tensor in full_weights(model, dtype, "cpu", tally):
+    stream = full_weights(model, None if transform else dtype, "cpu", tally)
+    if transform is not None:
+        stream = ((name, tensor.to(dtype or tensor.dtype)) for name, tensor in transform(stream))
+    for name, tensor in stream:
         if main:
             state[name] = tensor.contiguous()
     if main:
@@ -392,28 +451,36 @@ def export_hf(model: nn.Module, folder: str | Path, tokenizer=None, dtype: torch
 # --- Sharded checkpoints (torch.distributed.checkpoint) ---
 
 
-def save_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None, folder: str | Path) -> None:
+def save_checkpoint(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, folder: str | Path, trained_only: bool = False
+) -> None:
     """Save the model's (and optimiser's) sharded state into `folder` with `torch.distributed.checkpoint.save`: each
     rank writes its own shards (files __<rank>_0.distcp) and rank 0 the metadata (.metadata). Every rank must call
     it. The state comes from `torch.distributed.checkpoint.state_dict.get_state_dict`, which keys the optimiser's
-    state by parameter name, so a checkpoint loads into another world size (`load_checkpoint` reshards)."""
+    state by parameter name, so a checkpoint loads into another world size (`load_checkpoint` reshards).
+    `trained_only`: leave out the frozen parameters (LoRA's base, which the policy folder holds); load it with the
+    same setting."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     reshard(model)
+    options = _state_dict_options(trained_only)
     if optimizer is None:
-        state = {MODEL_KEY: get_model_state_dict(model)}
+        state = {MODEL_KEY: get_model_state_dict(model, options=options)}
     else:
-        model_state, optim_state = get_state_dict(model, optimizer)
+        model_state, optim_state = get_state_dict(model, optimizer, options=options)
         state = {MODEL_KEY: model_state, OPTIMIZER_KEY: optim_state}
     dcp.save(state, checkpoint_id=str(folder))
 
 
-def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None, folder: str | Path) -> None:
+def load_checkpoint(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, folder: str | Path, trained_only: bool = False
+) -> None:
     """Load a `save_checkpoint` folder into `model` (and `optimizer`), sharded at any world size, the one it was saved
     at or another: `dcp.load` fills the state dicts `get_state_dict` gives for the current sharding, reading each
     rank's rows from whichever files hold them, and `set_state_dict` puts them in. Every rank must call it. An
-    optimiser that has not stepped yet gets its state made first (get_state_dict does that)."""
+    optimiser that has not stepped yet gets its state made first (get_state_dict does that). `trained_only`: as the
+    folder was saved; the frozen parameters keep their values (DCP still refuses a folder lacking a trained one)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -423,12 +490,22 @@ def load_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer | None, f
     )
 
     reshard(model)
+    options = _state_dict_options(trained_only)
     if optimizer is None:
-        state = {MODEL_KEY: get_model_state_dict(model)}
+        state = {MODEL_KEY: get_model_state_dict(model, options=options)}
         dcp.load(state, checkpoint_id=str(folder))
-        set_model_state_dict(model, state[MODEL_KEY])
+        set_model_state_dict(model, state[MODEL_KEY], options=options)
         return
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
     state = {MODEL_KEY: model_state, OPTIMIZER_KEY: optim_state}
     dcp.load(state, checkpoint_id=str(folder))
-    set_state_dict(model, optimizer, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIMIZER_KEY])
+    set_state_dict(
+        model, optimizer, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIMIZER_KEY], options=options
+    )
+
+
+def _state_dict_options(trained_only: bool):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # Not strict when the frozen parameters are left out: the model's own state dict would miss them.
+    return StateDictOptions(ignore_frozen_params=trained_only, strict=not trained_only)

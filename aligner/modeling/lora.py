@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -128,3 +129,60 @@ def save_merged_policy(model: nn.Module, tokenizer, out_dir: str | Path) -> None
     # A copy, so the live policy keeps its adapters and frozen base (the reference) after the export.
     merged = copy.deepcopy(model).merge_and_unload()
     save_policy(merged, tokenizer, out_dir)
+
+
+# --- LoRA on FSDP2 shards (`model.backend: fsdp`, aligner/trainers/policy_backends.py FsdpLoraBackend) ---
+
+PEFT_PREFIX = "base_model.model."  # what peft's wrapper puts before the Hugging Face model's parameter names
+
+
+def is_adapter(name: str) -> bool:
+    """Whether the parameter called `name` in a peft-wrapped model is an adapter's (trained), not the base's."""
+    return ".lora_" in name
+
+
+def file_name(name: str) -> str | None:
+    """The name in the policy folder's files of a peft-wrapped model's base parameter `name` (peft's prefix dropped,
+    its `.base_layer` taken out); None for an adapter, which no file holds."""
+    if is_adapter(name):
+        return None
+    return name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
+
+
+def adapter_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters of a peft-wrapped model, by parameter name (its own tensors, not copies)."""
+    return {name: param for name, param in model.named_parameters() if is_adapter(name)}
+
+
+def merged_weights(
+    model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The plain Hugging Face weights of peft-wrapped `model` from a stream of its (name, whole parameter), e.g.
+    `fsdp.full_weights`: each adapted layer's W + scaling * B @ A (transposed for fan_in_fan_out layers, GPT-2's
+    Conv1D), as peft's `merge_and_unload` computes it (Hu et al. 2021, "LoRA", eq. 3: h = W0 x + B A x), under the
+    folder's names (`file_name`). A layer's base weight and adapters are held until all three have come: at most
+    one layer's worth beyond the stream's own."""
+    layers = {
+        name: module
+        for name, module in model.named_modules()
+        if hasattr(module, "lora_A") and hasattr(module, "base_layer") and "default" in module.lora_A
+    }
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in weights:
+        layer = next(
+            (p for p in (name.split(".lora_")[0], name.removesuffix(".base_layer.weight")) if p in layers), None
+        )
+        if layer is None or not (is_adapter(name) or name.endswith(".base_layer.weight")):
+            yield file_name(name), tensor
+            continue
+        parts = pending.setdefault(layer, {})
+        parts["A" if ".lora_A." in name else "B" if ".lora_B." in name else "W"] = tensor
+        if len(parts) == 3:
+            del pending[layer]
+            module = layers[layer]
+            delta = (parts["B"].float() @ parts["A"].float()) * module.scaling["default"]
+            if getattr(module, "fan_in_fan_out", False):
+                delta = delta.T
+            yield file_name(layer + ".weight"), (parts["W"].float() + delta).to(parts["W"].dtype)
+    if pending:
+        raise RuntimeError(f"adapted layers without their base weight or adapters: {sorted(pending)[:3]}")

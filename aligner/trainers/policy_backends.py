@@ -468,6 +468,99 @@ class FsdpBackend(HfBackend):
         fsdp.export_hf(self.sharded, folder, tokenizer)
 
 
+class FsdpLoraBackend(FsdpBackend):
+    """`model.backend: fsdp` with `model.lora.r > 0`: peft's wrapper is applied to the meta model before it is
+    sharded, so each decoder layer's FSDP2 unit holds its frozen base shards and its adapters' shards; only the
+    adapters train (the optimiser gets them alone, FSDP2 reduce-scatters only their gradients).
+
+    The whole copy is what LoraBackend trains: the policy in the compute dtype, peft-wrapped, its adapters drawn by
+    peft from the seed exactly as LoraBackend draws them (float32: peft keeps adapters of a bf16 base in float32),
+    broadcast from rank 0, and copied row by row into the shards. It serves generation and the rollout's log-probs
+    unmerged, as LoraBackend's policy does, and with its adapters disabled it is the reference (`LoraReference`):
+    no second copy of the base. A refit gathers the adapters alone, the base never changes.
+
+    A checkpoint holds the adapters' shards and AdamW state (DCP, as FsdpBackend; the frozen base is the policy
+    folder's) and the adapters as a peft folder (ADAPTER_DIR, as LoraBackend). The final policy is the gathered
+    shards merged (W + scaling * B @ A) into a plain Hugging Face folder in model.dtype."""
+
+    name = "fsdp-lora"
+
+    def load(self) -> nn.Module:
+        from aligner.modeling import fsdp, lora
+
+        lora.require_peft()
+        model = self.config.model
+        copy_dtype = compute_dtype(model.precision)
+        # The copy first: its adapters take the seed's first draws, as LoraBackend's do.
+        base = load_policy(
+            model.policy_path,
+            model.dtype if copy_dtype is None else _dtype_name(copy_dtype),
+            self.device,
+            model.attn_implementation,
+        )
+        self.policy = lora.wrap_with_lora(base, model.lora)
+        adapters = lora.adapter_weights(self.policy)
+        distributed.broadcast_parameters(adapters.values())
+        self.sharded = fsdp.load_sharded_policy(
+            model.policy_path,
+            self.device,
+            model.dtype,
+            model.precision,
+            cpu_offload=model.fsdp.cpu_offload,
+            activation_checkpointing=model.activation_checkpointing,
+            attn_implementation=model.attn_implementation,
+            wrap=lambda meta: lora.wrap_with_lora(meta, model.lora),
+            file_name=lora.file_name,
+            whole={name: a.detach() for name, a in adapters.items()},
+        )
+        self.sharded.train()
+        self.policy.requires_grad_(False)
+        return self.policy
+
+    def reference(self):
+        from aligner.modeling.lora import LoraReference
+
+        return LoraReference(self.policy)
+
+    def refit(self, generator) -> None:
+        """The copy's adapters := the shards' (gathered one at a time); then the engine takes it."""
+        from aligner.modeling import fsdp, lora
+
+        tally = fsdp.GatherTally()
+        adapters = lora.adapter_weights(self.policy)
+        with torch.no_grad():
+            for name, full in fsdp.full_weights(self.sharded, None, self.device, tally, only=lora.is_adapter):
+                adapters[name].copy_(full)
+        self.refit_peak_bytes = tally.peak_bytes
+        generator.update_weights(self.policy)
+
+    def save(self, folder: Path, optimizer: torch.optim.Optimizer, tokenizer) -> dict[str, Any]:
+        """Every rank writes its adapter shards and their AdamW state (DCP); rank 0 the copy's adapters (the shards',
+        as of the latest refit) as a peft folder. Resuming reads the DCP folder alone: the trainer's refit then gives
+        the copy the adapters."""
+        from aligner.modeling import fsdp
+        from aligner.modeling.lora import save_adapter
+
+        fsdp.save_checkpoint(self.sharded, optimizer, folder / FSDP_DIR, trained_only=True)
+        for own in (folder / FSDP_DIR).glob(f"__{distributed.rank()}_*"):
+            fsync_file(own)
+        if distributed.is_main():
+            save_adapter(self.policy, folder / ADAPTER_DIR)
+        return {BACKEND_KEY: self.name, "optimizer": None, "megatron_layout": None}
+
+    def apply(self, folder: Path, loaded: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+        from aligner.modeling import fsdp
+
+        fsdp.load_checkpoint(self.sharded, optimizer, folder / FSDP_DIR, trained_only=True)
+
+    def export(self, folder: Path, tokenizer) -> None:
+        """Every rank: the shards gathered and merged (`lora.merged_weights`) into a Hugging Face folder, in
+        model.dtype (rank 0 writes it)."""
+        from aligner.modeling import fsdp, lora
+
+        fsdp.export_hf(self.sharded, folder, tokenizer, transform=lambda w: lora.merged_weights(self.sharded, w))
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -486,5 +579,5 @@ def build_backend(config: TrainConfig) -> HfBackend:
     if model.backend == "megatron":
         return MegatronBackend(config)
     if model.backend == "fsdp":
-        return FsdpBackend(config)
+        return FsdpLoraBackend(config) if model.lora.r > 0 else FsdpBackend(config)
     return LoraBackend(config) if model.lora.r > 0 else HfBackend(config)

@@ -272,3 +272,45 @@ def test_export_loads_with_from_pretrained_and_gives_the_trained_log_probs(runs)
     # Gathered in bfloat16: the float32 full tensor and its cast are held together, one parameter at a time.
     assert two["gather_bf16"].peak_bytes == 301 * 32 * (4 + 2)
     assert two["gather"].bytes_yielded == sum(w.numel() * 4 for w in two["weights4"].values())
+
+
+@pytest.mark.slow(2)
+def test_lora_shards_load_the_base_and_given_adapters_and_export_peft_s_merge(tmp_path, tiny_policy_dir, monkeypatch):
+    """One rank: a peft-wrapped model sharded from the plain folder (`file_name` maps peft's names) with adapters
+    given whole; only the adapters train; its logits are the unsharded peft model's, and `export_hf` through
+    `lora.merged_weights` writes what peft's `merge_and_unload` makes, as a folder that loads without peft."""
+    from transformers import AutoModelForCausalLM
+
+    from aligner.config import LoraConfig
+    from aligner.modeling import lora
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    settings = LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+    torch.manual_seed(0)
+    whole = lora.wrap_with_lora(AutoModelForCausalLM.from_pretrained(tiny_policy_dir), settings)
+    with torch.no_grad():
+        for param in lora.adapter_weights(whole).values():
+            param.normal_(std=0.1)  # B != 0, so the merge changes the weights
+    adapters = {name: p.detach().clone() for name, p in lora.adapter_weights(whole).items()}
+    cpu = torch.device("cpu")
+    fsdp.init_process_group(cpu)
+    try:
+        sharded = fsdp.load_sharded_policy(
+            tiny_policy_dir,
+            cpu,
+            wrap=lambda meta: lora.wrap_with_lora(meta, settings),
+            file_name=lora.file_name,
+            whole=adapters,
+        )
+        trainable = [n for n, p in sharded.named_parameters() if p.requires_grad]
+        assert sorted(trainable) == sorted(adapters) and len(adapters) == 2 * 3 * 2  # A and B, 3 targets, 2 layers
+        input_ids = worker.fixed_batch()[0].sequences()[0]
+        torch.testing.assert_close(worker.logits(sharded, input_ids), worker.logits(whole, input_ids))
+        fsdp.export_hf(sharded, tmp_path / "merged", transform=lambda w: lora.merged_weights(sharded, w))
+    finally:
+        distributed.destroy()
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").state_dict()
+    merged = whole.merge_and_unload().state_dict()
+    assert exported.keys() == merged.keys()
+    for name, weight in merged.items():
+        torch.testing.assert_close(exported[name], weight, rtol=1e-6, atol=1e-6)

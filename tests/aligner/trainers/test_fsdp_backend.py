@@ -1,6 +1,7 @@
 """`model.backend: fsdp` through the trainer (aligner/trainers/policy_backends.py FsdpBackend): the update of FSDP2
 shards on 2 ranks and on 1 is the `hf` backend's on 1 process, a 2-rank checkpoint resumes on 1 process and goes on
-as the uninterrupted run, and the final policy is a Hugging Face folder. The building blocks themselves are tested
+as the uninterrupted run, and the final policy is a Hugging Face folder; the same for LoRA on the shards
+(FsdpLoraBackend) against the `hf` + LoRA backend. The building blocks themselves are tested
 in tests/aligner/modeling/test_fsdp.py; the equivalence harness is tests/aligner/test_distributed.py's."""
 
 import json
@@ -130,3 +131,112 @@ def test_ppo_actor_on_fsdp_shards_makes_the_one_process_hf_update(tmp_path, tiny
     one, two = _one_and_two_ranks(tmp_path, configs)
     _assert_same_run(one, two, optimiser_steps=2)
     assert all(r["train_optim/critic_loss"] > 0 for r in one["metrics"][1:])
+
+
+def _lora(config: dict) -> dict:
+    return {
+        **config,
+        "model": {**config["model"], "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
+    }
+
+
+@pytest.mark.slow(60)
+def test_lora_on_two_fsdp_ranks_makes_the_one_process_lora_update_and_leaves_the_base_alone(tmp_path, tiny_policy_dir):
+    """LoRA on FSDP2 shards (FsdpLoraBackend) on 2 ranks: the adapters' gathered gradients, the weights, metrics and
+    samples are those of the 1-process hf + LoRA run; only adapters have gradients, and the base weights are the
+    policy folder's, bit for bit; the checkpoint holds the adapters' shards (DCP, no base) and a peft folder."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from transformers import AutoModelForCausalLM
+
+    from aligner.modeling.lora import file_name, is_adapter
+    from aligner.run_layout import ADAPTER_DIR
+
+    # Seed 3: both steps' rollouts have rewards. With the default seed step 2's are all 0, so its whitened advantages
+    # are the KL penalty alone divided by its tiny spread, which magnifies float rounding past any fair tolerance.
+    configs = {r: {**_lora(_config(tmp_path, tiny_policy_dir, f"lora{r}")), "seed": 3} for r in (1, 2)}
+    configs[2] = _fsdp(configs[2])
+    one, two = _one_and_two_ranks(tmp_path, configs)
+    _assert_same_run(one, two, optimiser_steps=2)
+    assert all(is_adapter(name) for grads in two["grads"] for name in grads)
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_policy_dir)).state_dict()
+    for name, weight in two["weights"].items():
+        if not is_adapter(name):
+            assert torch.equal(weight, base[file_name(name)]), name
+    assert any(w.abs().max() > 0 for n, w in two["weights"].items() if ".lora_B." in n)  # the adapters trained
+    newest = list_checkpoints(tmp_path / "lora2")[-1]
+    assert torch.load(newest / STATE_FILE, weights_only=False)[BACKEND_KEY] == "fsdp-lora"
+    assert (newest / FSDP_DIR / ".metadata").is_file() and (newest / ADAPTER_DIR / "adapter_config.json").is_file()
+    saved = FileSystemReader(str(newest / FSDP_DIR)).read_metadata().state_dict_metadata
+    weights = [key for key in saved if key.startswith("model.")]
+    assert weights and all(is_adapter(key) for key in weights)  # the frozen base is the policy folder's alone
+
+
+@pytest.mark.slow(90)
+def test_a_two_rank_lora_fsdp_checkpoint_resumes_on_one_process_and_exports_the_merged_policy(
+    tmp_path, tiny_policy_dir
+):
+    """2 ranks of LoRA on fsdp shards stop after step 2; one process resumes (DCP reshards) to step 4: the weights
+    are those of 4 uninterrupted hf + LoRA steps on 1 process, and final_policy is a plain Hugging Face folder
+    (from_pretrained, no peft) holding the merged weights, those of peft's own merge_and_unload."""
+    from transformers import AutoModelForCausalLM
+
+    from aligner.modeling.lora import file_name, is_adapter
+    from tests.helpers import distributed_worker
+
+    steps = {"trainer": {"max_steps": 4, "val_check_interval": 0, "save_interval": 2}}
+    hf = tmp_path / "hf.json"
+    hf.write_text(json.dumps(_lora(_config(tmp_path, tiny_policy_dir, "hf", **steps))))
+    fsdp = tmp_path / "fsdp.json"
+    fsdp.write_text(json.dumps(_fsdp(_lora(_config(tmp_path, tiny_policy_dir, "fsdp", **steps)))))
+    first = subprocess.Popen(
+        [*TORCHRUN, *WORKER[1:], str(fsdp), str(tmp_path / "half.pt"), "2"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        distributed_worker.main(str(hf), str(tmp_path / "hf.pt"))  # meanwhile, the uninterrupted reference
+    finally:
+        output, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, output[-4000:]
+    assert [c.name for c in list_checkpoints(tmp_path / "fsdp")] == ["step_000002"]
+    _worker([str(fsdp), str(tmp_path / "resumed.pt"), "", "resume"], ranks=1)
+
+    straight = torch.load(tmp_path / "hf.pt", weights_only=False)
+    resumed = torch.load(tmp_path / "resumed.pt", weights_only=False)
+    assert resumed["world_size"] == 1 and [r["step"] for r in resumed["metrics"]][-1] == 4
+    for name, weight in straight["weights"].items():
+        torch.testing.assert_close(resumed["weights"][name], weight, rtol=1e-5, atol=1e-6)
+    assert any(n.endswith(".lora_B.default.weight") and w.abs().max() > 0 for n, w in straight["weights"].items())
+
+    exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "fsdp" / FINAL_POLICY_DIR)).state_dict()
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf" / FINAL_POLICY_DIR)).state_dict()
+    assert exported.keys() == merged.keys()
+    assert not any(is_adapter(name) or ".base_layer." in name for name in exported)
+    for name, weight in merged.items():
+        torch.testing.assert_close(exported[name], weight, rtol=1e-5, atol=1e-6)
+    base = {file_name(n): w for n, w in straight["weights"].items() if not is_adapter(n)}
+    assert not torch.equal(
+        exported["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"]
+    )
+
+
+@pytest.mark.slow(60)
+def test_ppo_actor_with_lora_on_fsdp_shards_makes_the_one_process_lora_update(
+    tmp_path, tiny_policy_dir, reward_model_dir
+):
+    """PPO's actor as LoRA on FSDP2 shards on 2 ranks: adapter gradients, weights, metrics and samples are those of
+    the 1-process hf + LoRA actor."""
+    pytest.importorskip("pytriton")
+    sections = {
+        "critic": {"model_path": str(reward_model_dir), "server_overrides": ["lr=1e-3", "num_threads=1"]},
+        "ppo": {"normalize_advantages": True},
+        "trainer": {"train_samples_to_log": 15, "val_check_interval": 2, "save_interval": 2},
+    }
+    configs = {
+        r: {**_lora(_config(tmp_path, tiny_policy_dir, f"ppo{r}", **sections)), "algorithm": "ppo", "seed": 3}
+        for r in (1, 2)
+    }
+    configs[2] = _fsdp(configs[2])
+    _assert_same_run(*_one_and_two_ranks(tmp_path, configs), optimiser_steps=2)
