@@ -362,10 +362,17 @@ class FsdpBackend(HfBackend):
         return self.device
 
     def load(self) -> nn.Module:
+        self.sharded = self._load_shards()
+        self.policy = self._load_copy()
+        self.policy.requires_grad_(False)
+        return self.policy
+
+    def _load_shards(self, **lora) -> nn.Module:
+        """This rank's shards of the policy folder, in training mode; `lora`: load_sharded_policy's LoRA arguments."""
         from aligner.modeling import fsdp
 
         model = self.config.model
-        self.sharded = fsdp.load_sharded_policy(
+        shards = fsdp.load_sharded_policy(
             model.policy_path,
             self.device,
             model.dtype,
@@ -373,17 +380,16 @@ class FsdpBackend(HfBackend):
             cpu_offload=model.fsdp.cpu_offload,
             activation_checkpointing=model.activation_checkpointing,
             attn_implementation=model.attn_implementation,
+            **lora,
         )
-        self.sharded.train()
+        return shards.train()
+
+    def _load_copy(self) -> nn.Module:
+        """The whole policy, in the compute dtype (model.dtype under fp32)."""
+        model = self.config.model
         copy_dtype = compute_dtype(model.precision)
-        self.policy = load_policy(
-            model.policy_path,
-            model.dtype if copy_dtype is None else _dtype_name(copy_dtype),
-            self.device,
-            model.attn_implementation,
-        )
-        self.policy.requires_grad_(False)
-        return self.policy
+        dtype = model.dtype if copy_dtype is None else _dtype_name(copy_dtype)
+        return load_policy(model.policy_path, dtype, self.device, model.attn_implementation)
 
     def reference(self):
         return ReferencePolicy(self.policy, compute_dtype(self.config.model.precision))
@@ -486,34 +492,19 @@ class FsdpLoraBackend(FsdpBackend):
     name = "fsdp-lora"
 
     def load(self) -> nn.Module:
-        from aligner.modeling import fsdp, lora
+        from aligner.modeling import lora
 
         lora.require_peft()
-        model = self.config.model
-        copy_dtype = compute_dtype(model.precision)
+        settings = self.config.model.lora
         # The copy first: its adapters take the seed's first draws, as LoraBackend's do.
-        base = load_policy(
-            model.policy_path,
-            model.dtype if copy_dtype is None else _dtype_name(copy_dtype),
-            self.device,
-            model.attn_implementation,
-        )
-        self.policy = lora.wrap_with_lora(base, model.lora)
+        self.policy = lora.wrap_with_lora(self._load_copy(), settings)
         adapters = lora.adapter_weights(self.policy)
         distributed.broadcast_parameters(adapters.values())
-        self.sharded = fsdp.load_sharded_policy(
-            model.policy_path,
-            self.device,
-            model.dtype,
-            model.precision,
-            cpu_offload=model.fsdp.cpu_offload,
-            activation_checkpointing=model.activation_checkpointing,
-            attn_implementation=model.attn_implementation,
-            wrap=lambda meta: lora.wrap_with_lora(meta, model.lora),
+        self.sharded = self._load_shards(
+            wrap=lambda meta: lora.wrap_with_lora(meta, settings),
             file_name=lora.file_name,
             whole={name: a.detach() for name, a in adapters.items()},
         )
-        self.sharded.train()
         self.policy.requires_grad_(False)
         return self.policy
 

@@ -35,6 +35,40 @@ def _worker(args: list[str], ranks: int) -> None:
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
 
+def _two_ranks_stop_and_one_resumes(tmp_path, shape, policy) -> dict:
+    """A 4-step run (its config `shape`d, e.g. LoRA): backend fsdp on 2 ranks stops after step 2 (checkpointed), one
+    process resumes it to step 4 and must hold the weights of the 4 uninterrupted steps of the hf backend on 1
+    process, whose results (distributed_worker's) it returns."""
+    from tests.helpers import distributed_worker
+
+    steps = {"trainer": {"max_steps": 4, "val_check_interval": 0, "save_interval": 2}}
+    hf = tmp_path / "hf.json"
+    hf.write_text(json.dumps(shape(_config(tmp_path, policy, "hf", **steps))))
+    fsdp = tmp_path / "fsdp.json"
+    fsdp.write_text(json.dumps(_fsdp(shape(_config(tmp_path, policy, "fsdp", **steps)))))
+    first = subprocess.Popen(
+        [*TORCHRUN, *WORKER[1:], str(fsdp), str(tmp_path / "half.pt"), "2"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        distributed_worker.main(str(hf), str(tmp_path / "hf.pt"))  # meanwhile, the uninterrupted reference
+    finally:
+        output, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, output[-4000:]
+    assert [c.name for c in list_checkpoints(tmp_path / "fsdp")] == ["step_000002"]
+    _worker([str(fsdp), str(tmp_path / "resumed.pt"), "", "resume"], ranks=1)
+
+    straight = torch.load(tmp_path / "hf.pt", weights_only=False)
+    resumed = torch.load(tmp_path / "resumed.pt", weights_only=False)
+    assert resumed["world_size"] == 1 and [r["step"] for r in resumed["metrics"]][-1] == 4
+    for name, weight in straight["weights"].items():
+        torch.testing.assert_close(resumed["weights"][name], weight, rtol=1e-5, atol=1e-6)
+    return straight
+
+
 @pytest.mark.slow(60)
 def test_fsdp_on_two_ranks_makes_the_one_process_hf_update(tmp_path, tiny_policy_dir):
     """Same rollouts, 2 optimiser steps, uneven shares (3 and 2 prompts, so the ranks run different numbers of
@@ -89,33 +123,7 @@ def test_a_two_rank_fsdp_checkpoint_resumes_on_one_process_and_exports_a_hugging
     and holds them."""
     from transformers import AutoModelForCausalLM
 
-    from tests.helpers import distributed_worker
-
-    steps = {"trainer": {"max_steps": 4, "val_check_interval": 0, "save_interval": 2}}
-    hf = tmp_path / "hf.json"
-    hf.write_text(json.dumps(_config(tmp_path, tiny_policy_dir, "hf", **steps)))
-    fsdp = tmp_path / "fsdp.json"
-    fsdp.write_text(json.dumps(_fsdp(_config(tmp_path, tiny_policy_dir, "fsdp", **steps))))
-    first = subprocess.Popen(
-        [*TORCHRUN, *WORKER[1:], str(fsdp), str(tmp_path / "half.pt"), "2"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        distributed_worker.main(str(hf), str(tmp_path / "hf.pt"))  # meanwhile, the uninterrupted reference
-    finally:
-        output, _ = first.communicate(timeout=300)
-    assert first.returncode == 0, output[-4000:]
-    assert [c.name for c in list_checkpoints(tmp_path / "fsdp")] == ["step_000002"]
-    _worker([str(fsdp), str(tmp_path / "resumed.pt"), "", "resume"], ranks=1)
-
-    straight = torch.load(tmp_path / "hf.pt", weights_only=False)
-    resumed = torch.load(tmp_path / "resumed.pt", weights_only=False)
-    assert resumed["world_size"] == 1 and [r["step"] for r in resumed["metrics"]][-1] == 4
-    for name, weight in straight["weights"].items():
-        torch.testing.assert_close(resumed["weights"][name], weight, rtol=1e-5, atol=1e-6)
+    straight = _two_ranks_stop_and_one_resumes(tmp_path, lambda c: c, tiny_policy_dir)
     exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "fsdp" / FINAL_POLICY_DIR)).state_dict()
     for name, weight in straight["weights"].items():
         torch.testing.assert_close(exported[name], weight, rtol=1e-5, atol=1e-6)
@@ -181,33 +189,8 @@ def test_a_two_rank_lora_fsdp_checkpoint_resumes_on_one_process_and_exports_the_
     from transformers import AutoModelForCausalLM
 
     from aligner.modeling.lora import file_name, is_adapter
-    from tests.helpers import distributed_worker
 
-    steps = {"trainer": {"max_steps": 4, "val_check_interval": 0, "save_interval": 2}}
-    hf = tmp_path / "hf.json"
-    hf.write_text(json.dumps(_lora(_config(tmp_path, tiny_policy_dir, "hf", **steps))))
-    fsdp = tmp_path / "fsdp.json"
-    fsdp.write_text(json.dumps(_fsdp(_lora(_config(tmp_path, tiny_policy_dir, "fsdp", **steps)))))
-    first = subprocess.Popen(
-        [*TORCHRUN, *WORKER[1:], str(fsdp), str(tmp_path / "half.pt"), "2"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        distributed_worker.main(str(hf), str(tmp_path / "hf.pt"))  # meanwhile, the uninterrupted reference
-    finally:
-        output, _ = first.communicate(timeout=300)
-    assert first.returncode == 0, output[-4000:]
-    assert [c.name for c in list_checkpoints(tmp_path / "fsdp")] == ["step_000002"]
-    _worker([str(fsdp), str(tmp_path / "resumed.pt"), "", "resume"], ranks=1)
-
-    straight = torch.load(tmp_path / "hf.pt", weights_only=False)
-    resumed = torch.load(tmp_path / "resumed.pt", weights_only=False)
-    assert resumed["world_size"] == 1 and [r["step"] for r in resumed["metrics"]][-1] == 4
-    for name, weight in straight["weights"].items():
-        torch.testing.assert_close(resumed["weights"][name], weight, rtol=1e-5, atol=1e-6)
+    straight = _two_ranks_stop_and_one_resumes(tmp_path, _lora, tiny_policy_dir)
     assert any(n.endswith(".lora_B.default.weight") and w.abs().max() > 0 for n, w in straight["weights"].items())
 
     exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "fsdp" / FINAL_POLICY_DIR)).state_dict()
@@ -229,14 +212,8 @@ def test_ppo_actor_with_lora_on_fsdp_shards_makes_the_one_process_lora_update(
     """PPO's actor as LoRA on FSDP2 shards on 2 ranks: adapter gradients, weights, metrics and samples are those of
     the 1-process hf + LoRA actor."""
     pytest.importorskip("pytriton")
-    sections = {
-        "critic": {"model_path": str(reward_model_dir), "server_overrides": ["lr=1e-3", "num_threads=1"]},
-        "ppo": {"normalize_advantages": True},
-        "trainer": {"train_samples_to_log": 15, "val_check_interval": 2, "save_interval": 2},
-    }
     configs = {
-        r: {**_lora(_config(tmp_path, tiny_policy_dir, f"ppo{r}", **sections)), "algorithm": "ppo", "seed": 3}
-        for r in (1, 2)
+        r: {**_lora(_ppo_config(tmp_path, tiny_policy_dir, reward_model_dir, f"ppo{r}")), "seed": 3} for r in (1, 2)
     }
     configs[2] = _fsdp(configs[2])
     _assert_same_run(*_one_and_two_ranks(tmp_path, configs), optimiser_steps=2)
