@@ -36,6 +36,7 @@ from aligner.rewards.interface import check_rewards
 LENGTH_CORR_WARNING = 0.8
 # Decode steps of the timing generation of `step_batch`: enough to average, few enough for a big batch on a CPU.
 STEP_TIMING_TOKENS = 8
+STEP_TIMING_RUNS = 3  # each timing is the fastest of this many runs
 
 
 def _reward_source(config: TrainConfig) -> str:
@@ -168,7 +169,8 @@ def _time_step_batch(config: TrainConfig, policy, tokenizer, data, step_batch: t
     """{"batch_start_s", "decode_step_s"} of a generation batch of `step_batch` (prompts, samples each; the try's
     first prompt that many times): the seconds of a 1-token generation (the prompts' pass, the call's overhead), and
     of each further decode step, from one of 1 + STEP_TIMING_TOKENS tokens (none may end early: the batch stays
-    that wide). The short one runs first: it also warms the batch's shapes up."""
+    that wide). The short one runs first: it also warms the batch's shapes up. Each is the fastest of STEP_TIMING_RUNS
+    runs: the least disturbed by whatever else the machine runs (one run on a busy machine read 2x a step)."""
     from aligner.generation.engines import build_generator
     from aligner.modeling.device import bf16_emulation
     from aligner.modeling.hf import eos_token_ids
@@ -182,10 +184,13 @@ def _time_step_batch(config: TrainConfig, policy, tokenizer, data, step_batch: t
         generator = build_generator(
             config.model_copy(update={"generation": timed}), policy, tokenizer, eos_token_ids(policy, tokenizer)
         )
-        start = time.perf_counter()
-        with bf16_emulation(config.model.precision, device):
-            generator.generate([data.token_ids[0]] * prompts, samples, seed=config.seed)
-        seconds.append(time.perf_counter() - start)
+        runs = []
+        for _ in range(STEP_TIMING_RUNS):
+            start = time.perf_counter()
+            with bf16_emulation(config.model.precision, device):
+                generator.generate([data.token_ids[0]] * prompts, samples, seed=config.seed)
+            runs.append(time.perf_counter() - start)
+        seconds.append(min(runs))
     return {"batch_start_s": seconds[0], "decode_step_s": max(0.0, seconds[1] - seconds[0]) / STEP_TIMING_TOKENS}
 
 
