@@ -59,7 +59,8 @@ class FsdpConfig(Section):
     cpu_offload: bool = Field(
         False,
         description="Keep the sharded parameters, gradients and optimiser state in host memory, moved to the device "
-        "layer by layer (torch's CPUOffloadPolicy): the least device memory, the slowest steps. For CUDA devices.",
+        "layer by layer (torch's CPUOffloadPolicy): the least device memory, the slowest steps. For CUDA devices: "
+        "on the CPU it changes nothing (the run says so).",
     )
 
 

@@ -130,6 +130,14 @@ def shard_policy(
     return model
 
 
+def offload_note(cpu_offload: bool, device: torch.device) -> str | None:
+    """What a run warns about `model.fsdp.cpu_offload` on `device`, or None: on the CPU the shards already live in host
+    memory, and torch refuses `CPUOffloadPolicy` on a CPU mesh, so the setting changes nothing there."""
+    if cpu_offload and torch.device(device).type == "cpu":
+        return "model.fsdp.cpu_offload: the shards are in host memory already on the CPU; the setting changes nothing"
+    return None
+
+
 def _mesh_device_type(model: nn.Module, device: torch.device | None) -> str:
     if device is not None:
         return torch.device(device).type

@@ -78,6 +78,7 @@ from aligner.modeling.device import (
     peak_memory_bytes,
     resolve_device,
 )
+from aligner.modeling.fsdp import offload_note
 from aligner.modeling.hf import eos_token_ids, load_tokenizer, quiet_transformers
 from aligner.modeling.logprobs import grouped_response_logprobs
 from aligner.rewards.build import build_reward_client
@@ -190,8 +191,10 @@ class ReinforceTrainer:
             torch.set_num_threads(cfg.model.num_threads)
         if cfg.model.keep_freed_memory and self.device.type == "cpu":
             keep_freed_memory()
-        if (note := bf16_note(cfg.model.precision, self.device)) and distributed.is_main():
-            print(note, file=sys.stderr)
+        notes = bf16_note(cfg.model.precision, self.device), offload_note(cfg.model.fsdp.cpu_offload, self.device)
+        for note in notes:
+            if note and distributed.is_main():
+                print(note, file=sys.stderr)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         quiet_transformers()

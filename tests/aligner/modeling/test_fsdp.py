@@ -36,6 +36,14 @@ def test_shard_rows_split_as_torch_chunk():
             assert [list(range(a, b)) for a, b in spans if b > a] == [c.tolist() for c in chunks]
 
 
+def test_cpu_offload_is_named_a_no_op_on_the_cpu_only():
+    """On the CPU the shards are in host memory already (torch refuses CPUOffloadPolicy on a CPU mesh): the run says
+    the setting changes nothing there; on CUDA it offloads, and says nothing."""
+    assert "changes nothing" in fsdp.offload_note(True, torch.device("cpu"))
+    assert fsdp.offload_note(True, torch.device("cuda", 0)) is None
+    assert fsdp.offload_note(False, torch.device("cpu")) is None
+
+
 @pytest.mark.parametrize("architecture", ["llama", "qwen2", "gemma2"])
 def test_decoder_layers_are_found_from_no_split_modules(architecture, tiny_policy_dir):
     from transformers import AutoTokenizer
