@@ -62,6 +62,21 @@ class FsdpConfig(Section):
         "layer by layer (torch's CPUOffloadPolicy): the least device memory, the slowest steps. For CUDA devices: "
         "on the CPU it changes nothing (the run says so).",
     )
+    reshard_after_forward: bool = Field(
+        True,
+        description="Free each decoder layer's gathered weights after its forward and gather them again for its "
+        "backward (FSDP2's default, ZeRO-3). false: keep them from the forward to the backward (FSDP1's "
+        "SHARD_GRAD_OP, ZeRO-2): one all-gather less per micro-batch, the whole model's weights (compute dtype) held "
+        "during each pass.",
+    )
+    sync_each_micro_batch: bool = Field(
+        True,
+        description="Reduce-scatter the gradients after every micro-batch's backward. false: accumulate them "
+        "unsharded over the step's micro-batches, keeping the weights gathered between them, and reduce-scatter once "
+        "per optimiser step (DDP's no_sync; accelerate's sync_each_batch): the traffic of DDP's all-reduce, with the "
+        "whole weights and float32 gradients held during the step; only the optimiser state and the weights between "
+        "steps stay sharded.",
+    )
 
 
 class ModelConfig(Section):
@@ -757,6 +772,9 @@ def combination_errors(config: TrainConfig) -> list[tuple[str, str]]:
                 broken.append((f"model.{name}", f"{getattr(model, name)} needs model.backend: megatron"))
     if model.fsdp.cpu_offload and model.backend != "fsdp":
         broken.append(("model.fsdp.cpu_offload", f"true needs model.backend: fsdp (not {model.backend})"))
+    for name in ("reshard_after_forward", "sync_each_micro_batch"):
+        if not getattr(model.fsdp, name) and model.backend != "fsdp":
+            broken.append((f"model.fsdp.{name}", f"false needs model.backend: fsdp (not {model.backend})"))
 
     # What the Megatron backend trains: the full model, one optimiser step per rollout, in model.dtype.
     if megatron:

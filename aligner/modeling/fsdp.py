@@ -84,6 +84,7 @@ def shard_policy(
     cpu_offload: bool = False,
     activation_checkpointing: bool = False,
     device: torch.device | None = None,
+    reshard_after_forward: bool = True,
 ) -> nn.Module:
     """Shard `model` in place with FSDP2 (`torch.distributed.fsdp.fully_shard`) over the default process group's
     world, one unit per decoder layer (`decoder_layers`) and the root; returns `model` (its class becomes an
@@ -98,6 +99,9 @@ def shard_policy(
     per decoder layer), which FSDP2 composes with: the recomputation in the backward runs inside the unit's
     pre-backward all-gather. It also sends `grouped_response_logprobs` through transformers' forward.
     Tied weights (the head sharing the embedding's parameter) stay one parameter, in the root unit.
+    reshard_after_forward (each layer unit's; FSDP2 keeps the root's gathered anyway): True frees a unit's gathered
+    weights after its forward and gathers them again for its backward; False keeps them until the backward (one
+    all-gather less a pass, the whole model gathered meanwhile: ZeRO-2's memory for the weights).
     `device`: the mesh's device type (default: where the parameters are; meta parameters: the CPU unless CUDA is
     initialised for this process). Needs a process group (`init_process_group`).
     """
@@ -117,7 +121,9 @@ def shard_policy(
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload)
+        fully_shard(
+            layer, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard_after_forward
+        )
     fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
     for module in model.modules():
         if is_sharded(module):
@@ -170,6 +176,7 @@ def load_sharded_policy(
     wrap: Callable[[nn.Module], nn.Module] | None = None,
     file_name: Callable[[str], str | None] | None = None,
     whole: dict[str, torch.Tensor] | None = None,
+    reshard_after_forward: bool = True,
 ) -> nn.Module:
     """The policy folder's causal LM, sharded (`shard_policy`) with no rank ever holding a whole weight.
 
@@ -199,7 +206,7 @@ def load_sharded_policy(
                 model = wrap(model)
     for param in model.parameters():
         param.data = param.data.to(dtype)  # parameters only: buffers such as inv_freq stay float32
-    shard_policy(model, precision, cpu_offload, activation_checkpointing, device=device)
+    shard_policy(model, precision, cpu_offload, activation_checkpointing, device, reshard_after_forward)
     offloaded = cpu_offload and device.type != "cpu"
     model.to_empty(device="cpu" if offloaded else device)
     recompute_buffers(model, device)  # first: re-initialising a module may touch its parameters too
@@ -359,6 +366,18 @@ def clip_and_step(
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return norm
+
+
+def prepare_pass(model: nn.Module, last: bool, sync_each_micro_batch: bool = True) -> None:
+    """Set up `model` (sharded) for one forward-backward pass of an optimiser step's micro-batches: whether its
+    backward reduce-scatters the gradients and frees the gathered weights (FSDP2's `set_requires_gradient_sync`,
+    `set_reshard_after_backward`, on every unit). `sync_each_micro_batch`: every pass does (each micro-batch's
+    gradients sharded at once); otherwise only the `last` pass, the others accumulating whole gradients (in the
+    reduce dtype: float32 under bf16-mixed) on weights kept gathered, so a step takes one all-gather and one
+    reduce-scatter whatever its number of micro-batches. Every rank must take as many passes, alike."""
+    sync = sync_each_micro_batch or last
+    model.set_requires_gradient_sync(sync)
+    model.set_reshard_after_backward(sync)
 
 
 # --- Full weights: generation refit and export ---

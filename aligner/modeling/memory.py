@@ -12,7 +12,8 @@ there is no other copy), the reference policy kept in host memory and moved to t
 (aligner/modeling/reference.py; none with LoRA), generation on its own bfloat16 copy with bf16-mixed (aligner/
 generation/engines.py). A step has three phases; the device's peak is what stays for the whole step plus the largest
 of the phases' own: generation (its KV cache), the reference pass (the reference's weights) and training (gradients,
-autocast's cast weights, activations). Pure: nothing here touches a device except `device_memory`, which asks.
+autocast's cast weights, FSDP's gathered units, activations). Pure: nothing here touches a device except
+`device_memory`, which asks.
 """
 
 from __future__ import annotations
@@ -292,6 +293,8 @@ def training_memory(
     async_rollouts: bool = False,
     attention_scores: bool = True,
     shard_copies: bool = False,
+    reshard_after_forward: bool = True,
+    sync_each_micro_batch: bool = True,
 ) -> MemoryEstimate:
     """One process's bytes for training `shape` with `backend` on `world_size` processes.
 
@@ -314,7 +317,11 @@ def training_memory(
     - fsdp: weights, gradients and moments / world_size (FSDP2 shards each parameter over the processes: the
       PyTorch FSDP docs, and ZeRO stage 3's (2 + 2 + K) N / Nd), plus the gathered units at once: the root (embedding
       and LM head) and two decoder layers (the one computing and the one prefetched) in the compute dtype, and one
-      layer's unsharded gradient in float32 before its reduce-scatter. Generation works on full weights (the config's
+      layer's unsharded gradient in float32 before its reduce-scatter. `reshard_after_forward=False` keeps every layer
+      gathered from its forward to its backward: all N weights in the compute dtype during a pass (ZeRO-2's
+      weights). `sync_each_micro_batch=False` keeps them gathered over the step's micro-batches and accumulates the
+      whole gradient, T x (4 under bf16-mixed: FSDP2 accumulates in the reduce dtype, float32; else w), before its
+      one reduce-scatter. Generation works on full weights (the config's
       contract), so its copy (compute dtype) stays whole. With cpu_offload the shards, their gradients and moments
       live in host memory (torch's CPUOffloadPolicy): the device holds the gathered units, activations and
       generation's weights.
@@ -361,7 +368,11 @@ def training_memory(
             device.update(shards)
         if backend == "fsdp":
             gathered = shape.root_parameters + 2 * shape.layer_parameters
+            if not (reshard_after_forward and sync_each_micro_batch):
+                gathered = n + adapters
             device["gathered_units"] = gathered * compute + shape.layer_parameters * 4
+            if not sync_each_micro_batch:
+                device["unsharded_gradients"] = trainable * (4 if mixed else w)
         if mixed and backend == "hf":  # FSDP's mixed precision gathers bfloat16 units instead (above)
             device["autocast_weights"] = 2 * trainable
         device["activations"] = activation_bytes(
@@ -380,8 +391,7 @@ def training_memory(
         device["reference"] = reference
         phases["reference"] = ("reference",)
     train = ["activations"]
-    if "gradients" in device:
-        train.append("gradients")
+    train += [part for part in ("gradients", "gathered_units", "unsharded_gradients") if part in device]
     if "autocast_weights" in device:
         train.append("autocast_weights")
     phases["training"] = tuple(train)
@@ -411,6 +421,8 @@ def estimate_for_config(config: TrainConfig, world_size: int, shape: ModelShape 
         lora_targets=model.lora.target_modules,
         activation_checkpointing=model.activation_checkpointing,
         cpu_offload=model.fsdp.cpu_offload,
+        reshard_after_forward=model.fsdp.reshard_after_forward,
+        sync_each_micro_batch=model.fsdp.sync_each_micro_batch,
         tensor_parallel=model.tensor_model_parallel_size,
         pipeline_parallel=model.pipeline_model_parallel_size,
         micro_batch_size=config.optim.micro_batch_size,

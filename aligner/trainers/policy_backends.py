@@ -2,6 +2,8 @@
 
 - `hf`: the Hugging Face model itself, whole on every rank; gradients summed over ranks after the backward (DDP).
 - `lora`: the same with peft adapters (`model.lora.r > 0`): only they train, the base doubles as the reference.
+- `fsdp`: FSDP2 shards of the HF model train (each rank 1/world of every weight, gradient and AdamW state); a whole
+  copy in the compute dtype generates and is refit from them after every step. `FsdpLoraBackend` with adapters.
 - `megatron`: a Megatron-Core GPTModel shard trains (tensor/pipeline parallel); the HF model is refit from it after
   every step, for generation and checkpoints.
 
@@ -12,7 +14,8 @@ The REINFORCE and PPO trainers call the backend and never ask which one it is. T
     reference = backend.reference()            # the KL's anchor: the initial weights, before any checkpoint
     backend.prepare()                          # what trains is built (activation checkpointing, Megatron model)
     optimizer = adamw(backend.trainable_parameters(), ...)
-    ...  loss of a forward of `backend.trained`, backward, then
+    for micro_batch in backend.passes(micro_batches):   # every rank as many passes (sharded forwards are collectives)
+        ...  loss of a forward of `backend.trained` on it, backward
     grad_norm = backend.step(optimizer, max_grad_norm)    # gradients reduced over ranks, clipped, one AdamW step
     backend.refit(generator)                   # the engine takes the new weights
     entries = backend.save(folder, optimizer, tokenizer)  # every rank: its part of a checkpoint; entries of its state
@@ -27,8 +30,9 @@ optimiser state, and reads back only what it wrote.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -45,6 +49,7 @@ from aligner.run_layout import ADAPTER_DIR, MEGATRON_OPTIMIZER_FILE
 from aligner.trainers.checkpoint import reading
 from aligner.trainers.loop import optimizer_step
 
+T = TypeVar("T")
 POLICY_DIR = "policy"  # a checkpoint's Hugging Face folder of the policy (the LoRA backend's is ADAPTER_DIR)
 BACKEND_KEY = "backend"  # the state file's record of the backend that wrote it
 FSDP_DIR = "fsdp"  # backend fsdp: the torch.distributed.checkpoint folder of the shards and their AdamW state
@@ -108,13 +113,10 @@ class HfBackend:
         distributed.broadcast_parameters(self.policy.parameters())
 
     # ------------------------------------------------------------------------------------------------- a step
-    def passes_to_match(self, passes: int) -> int:
-        """How many `idle_pass`es this rank adds to its `passes` forward-backward passes of an optimiser step so
-        that every rank runs as many: none where a forward is no collective."""
-        return 0
-
-    def idle_pass(self) -> None:
-        """A pass that changes no gradient, for backends whose forward is a collective."""
+    def passes(self, micro_batches: list[T]) -> Iterator[T]:
+        """This rank's micro-batches of an optimiser step, each yielded for its forward and backward: consume it to
+        the end. Here nothing more; a backend whose forward is a collective adds what keeps the ranks in step."""
+        yield from micro_batches
 
     def step(self, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
         """Gradients summed over ranks, clipped to `max_grad_norm`, one optimiser step; their norm before clipping."""
@@ -343,7 +345,7 @@ class FsdpBackend(HfBackend):
     bf16-mixed), refit after every step by gathering the shards one parameter at a time (the full model in float32
     never exists at once); the reference is a frozen copy of it kept on the CPU. One process runs it on a process
     group of one rank. Every forward of the shards is a collective: each rank runs as many passes as the rank with
-    the most (`passes_to_match`, `idle_pass`). A checkpoint holds the shards and AdamW state as a
+    the most (`passes`). A checkpoint holds the shards and AdamW state as a
     torch.distributed.checkpoint folder (resumable at any number of processes: DCP reshards) and the gathered
     policy as a Hugging Face folder (for downloads)."""
 
@@ -380,6 +382,7 @@ class FsdpBackend(HfBackend):
             cpu_offload=model.fsdp.cpu_offload,
             activation_checkpointing=model.activation_checkpointing,
             attn_implementation=model.attn_implementation,
+            reshard_after_forward=model.fsdp.reshard_after_forward,
             **lora,
         )
         return shards.train()
@@ -414,13 +417,22 @@ class FsdpBackend(HfBackend):
     def same_on_every_rank(self) -> None:
         """Every rank read its shards and its copy from the same files."""
 
-    def passes_to_match(self, passes: int) -> int:
-        return int(distributed.max_over_ranks({"passes": passes})["passes"]) - passes
+    def passes(self, micro_batches: list[T]) -> Iterator[T]:
+        """Every rank takes as many passes as the rank with the most micro-batches (asked before any pass: passes
+        are collectives too), the extra ones idle: a forward and backward of one token with a zero loss, the
+        collectives of a pass without a gradient. Each pass is prepared by `fsdp.prepare_pass`: with
+        `model.fsdp.sync_each_micro_batch: false` only the last reduce-scatters the step's gradients."""
+        from aligner.modeling import fsdp
 
-    def idle_pass(self) -> None:
-        """A forward and backward of one token with a zero loss: the collectives of a pass, no gradient."""
-        token = torch.zeros(1, 1, dtype=torch.long, device=self.device)
-        (self.sharded(input_ids=token).logits.sum() * 0).backward()
+        total = int(distributed.max_over_ranks({"passes": len(micro_batches)})["passes"])
+        sync_each = self.config.model.fsdp.sync_each_micro_batch
+        for index in range(total):
+            fsdp.prepare_pass(self.sharded, last=index == total - 1, sync_each_micro_batch=sync_each)
+            if index < len(micro_batches):
+                yield micro_batches[index]
+            else:
+                token = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+                (self.sharded(input_ids=token).logits.sum() * 0).backward()
 
     def step(self, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
         """FSDP2 summed the gradients over ranks in the backward (reduce-scatter); clip over every shard and step."""

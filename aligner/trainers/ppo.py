@@ -377,9 +377,7 @@ class PPOTrainer(ReinforceTrainer):
                 # Every token of the global mini-batch's loss weighs the same.
                 normalizer = distributed.all_reduce_sum(mask.sum()).clamp(min=1)
                 loss_sum = 0.0
-                micro = list(self._micro_batches(batch))
-                idle = self.backend.passes_to_match(len(micro))  # asked before any pass: passes are collectives too
-                for rows, sub in micro:
+                for rows, sub in self.backend.passes(list(self._micro_batches(batch))):
                     with self.training_autocast():
                         logits = grouped_response_logits(self.backend.trained, sub)
                     logprobs = token_logprobs(logits, sub.response_ids)
@@ -403,8 +401,6 @@ class PPOTrainer(ReinforceTrainer):
                     # The clip fraction comes as clipped tokens / normalizer: back to a count, summed over the rollout.
                     clip_fraction += clipped.item() * normalizer.item()
                     entropy_sum += (entropy.detach() * sub_mask).sum().item()
-                for _ in range(idle):  # sharded weights: every rank gathers them as often
-                    self.backend.idle_pass()
                 # The learning rate is the step's: the scheduler moves once, after the last mini-batch.
                 grad_norms.append(self.backend.step(self.optimizer, cfg.optim.max_grad_norm))
                 losses.append(loss_sum)

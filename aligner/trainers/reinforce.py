@@ -783,9 +783,8 @@ class ReinforceTrainer:
         else:  # nemo: each micro-batch's mean over its rows, averaged over the global number of micro-batches
             count = torch.tensor(len(micro), device=loss_mask.device)
         count = distributed.all_reduce_sum(count.float()).clamp(min=1)
-        idle = self.backend.passes_to_match(len(micro))  # asked before any pass: the passes are collectives too
         total = 0.0
-        for rows, sub in micro:
+        for rows, sub in self.backend.passes(micro):
             with self.training_autocast():
                 logprobs = grouped_response_logprobs(self.backend.trained, sub)
             sub_mask = loss_mask[rows, : logprobs.shape[1]]
@@ -797,8 +796,6 @@ class ReinforceTrainer:
             loss = reinforce_loss(logprobs, advantages[rows], sub_mask, aggregation, normalizer, weights)
             loss.backward()
             total += loss.item()
-        for _ in range(idle):  # sharded weights: every rank gathers them as often
-            self.backend.idle_pass()
         return total
 
     def _optimise_whole(self, rollout: Rollout) -> dict[str, float]:

@@ -193,6 +193,11 @@ MEGATRON = ["model.backend=megatron"]
             ["model.fsdp.cpu_offload=true", "model.backend=fsdp"],
         ),
         (
+            ["model.fsdp.sync_each_micro_batch=false", "model.backend=megatron"],
+            "model.fsdp.sync_each_micro_batch: false needs model.backend: fsdp (not megatron)",
+            ["model.fsdp.sync_each_micro_batch=false", "model.fsdp.reshard_after_forward=false", "model.backend=fsdp"],
+        ),
+        (
             # LoRA on fsdp shards is allowed (FsdpLoraBackend); the engine's refusal of adapters still holds.
             ["model.backend=fsdp", "model.lora.r=4", "generation.engine=vllm"],
             "generation.engine: vllm cannot be combined with model.lora (r: 4)",

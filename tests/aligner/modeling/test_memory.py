@@ -75,6 +75,24 @@ def test_fsdp_on_two_processes_holds_half_of_ddps_state():
     assert fsdp.device["gathered_units"] == (root + 2 * 900_000) * 4 + 900_000 * 4
 
 
+def test_fsdps_fewer_gathers_hold_the_whole_weights_and_gradients_while_training():
+    """reshard_after_forward false keeps every layer gathered through a pass; sync_each_micro_batch false also the
+    whole gradient (float32, the reduce dtype, under bf16-mixed) until the step's one reduce-scatter. Both only in
+    the training phase: the state between steps stays sharded."""
+    shape = dataclasses.replace(MILLION, layers=10, layer_parameters=90_000)
+    lean = training_memory(shape, backend="fsdp", world_size=2, precision="bf16-mixed")
+    kept = training_memory(shape, backend="fsdp", world_size=2, precision="bf16-mixed", reshard_after_forward=False)
+    unsynced = training_memory(
+        shape, backend="fsdp", world_size=2, precision="bf16-mixed", sync_each_micro_batch=False
+    )
+    assert lean.device["gathered_units"] == (100_000 + 2 * 90_000) * 2 + 90_000 * 4  # root + 2 layers, 1 gradient
+    assert kept.device["gathered_units"] == unsynced.device["gathered_units"] == 1_000_000 * 2 + 90_000 * 4
+    assert "unsharded_gradients" not in kept.device and unsynced.device["unsharded_gradients"] == 4_000_000
+    assert lean.device["optimizer"] == unsynced.device["optimizer"] == 4_000_000
+    assert lean.per_rank_bytes < kept.per_rank_bytes < unsynced.per_rank_bytes
+    assert {"gathered_units", "unsharded_gradients"} <= set(unsynced.phases["training"])
+
+
 def test_fsdp_cpu_offload_moves_the_shards_to_the_host():
     plan = training_memory(MILLION, backend="fsdp", world_size=4, cpu_offload=True)
     assert {"weights", "gradients", "optimizer"}.isdisjoint(plan.device)
