@@ -40,13 +40,17 @@ def load_tokenizer(path: str | Path):
 
 
 def load_policy(
-    path: str | Path, dtype: str = "float32", device: str | torch.device = "cpu", attn_implementation: str = "eager"
+    path: str | Path,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    attn_implementation: str = "eager",
 ) -> nn.Module:
+    """The causal LM in a Hugging Face folder, in `dtype` (a DTYPES name or a torch dtype), on `device`."""
     from transformers import AutoModelForCausalLM
 
     check_model_dir(path)
     model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=DTYPES[dtype], attn_implementation=attn_implementation
+        str(path), dtype=DTYPES[dtype] if isinstance(dtype, str) else dtype, attn_implementation=attn_implementation
     )
     return model.to(device)
 

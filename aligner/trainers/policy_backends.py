@@ -390,8 +390,7 @@ class FsdpBackend(HfBackend):
     def _load_copy(self) -> nn.Module:
         """The whole policy, in the compute dtype (model.dtype under fp32)."""
         model = self.config.model
-        copy_dtype = compute_dtype(model.precision)
-        dtype = model.dtype if copy_dtype is None else _dtype_name(copy_dtype)
+        dtype = compute_dtype(model.precision) or model.dtype
         return load_policy(model.policy_path, dtype, self.device, model.attn_implementation)
 
     def reference(self):
@@ -562,10 +561,6 @@ class FsdpLoraBackend(FsdpBackend):
         from aligner.modeling import fsdp, lora
 
         fsdp.export_hf(self.sharded, folder, tokenizer, transform=lambda w: lora.merged_weights(self.sharded, w))
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _older_backend(folder: Path, state: dict[str, Any]) -> str:
