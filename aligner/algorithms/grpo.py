@@ -315,10 +315,11 @@ def aggregate_loss(
     aggregations (tested). A masked ``l`` may be ``inf`` or ``NaN``; an empty mask gives 0, attached to the graph.
 
     Peers: veRL ``agg_loss`` (token-mean, seq-mean-token-mean, seq-mean-token-sum with ``global_batch_size`` =
-    sequences with a token, seq-mean-token-sum-norm ``= sum / loss_scale_factor`` then scaled by the actor by
-    ``1 / gradient_accumulation``, i.e. ``/ (B * H)`` per mini-batch); TRL ``loss_type``: "grpo" = seq_mean,
-    "bnpo" = token_mean, "dapo" = token_mean over the global token count, "dr_grpo" = ``sum / (B * max_completion_
-    length)`` = seq_mean_token_sum_norm with ``horizon = max_completion_length``.
+    sequences with a token, seq-mean-token-sum-norm ``= sum / loss_scale_factor`` with no division by the rows,
+    i.e. this times ``B`` (tested); its dp_actor then multiplies each micro-batch's loss by
+    ``1 / gradient_accumulation``, which leaves it a factor micro-batch size above this); TRL ``loss_type``: "grpo"
+    = seq_mean, "bnpo" = token_mean, "dapo" = token_mean over the global token count, "dr_grpo" = ``sum / (B *
+    max_completion_length)`` = seq_mean_token_sum_norm with ``horizon = max_completion_length`` (tested).
     """
     _check_choice("aggregation", aggregation, LOSS_AGGREGATIONS)
     if per_token.dim() != 2 or mask.shape != per_token.shape:
@@ -476,13 +477,17 @@ def grpo_loss(
     ref_logprobs: Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
+    kl_input_clamp: float | None = None,
+    kl_output_clamp: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The GRPO-family loss (a scalar) and its stats: ``aggregate(w * l_pg + kl_coef * k)``.
 
     ``l_pg`` = :func:`per_token_policy_loss`, ``w`` = ``token_weights`` (``[B, T]`` or ``[B]``, detached; e.g. the
     rollout correction of :mod:`aligner.algorithms.rollout_correction`), which weigh the policy term only, as veRL
     (``pg_losses * rollout_is_weights``), TRL (``per_token_loss * importance_sampling_ratio`` before the KL) and
-    NeMo-RL do; ``k`` = :func:`kl_loss_term` when ``kl_coef != 0`` (needs ``ref_logprobs``); the aggregation is
+    NeMo-RL do; ``k`` = :func:`kl_loss_term` when ``kl_coef != 0`` (needs ``ref_logprobs``; ``kl_estimator`` and
+    the clamps are those of :func:`per_token_kl_estimate`, veRL's ``kl_loss`` being k3 clamped 20 / 10 as
+    "low_var_kl"); the aggregation is
     :func:`aggregate_loss` with its ``normalizer`` and ``horizon``. Stats: those of the policy loss, plus ``kl``
     (token mean of ``k / kl_coef`` over the valid tokens) when the KL term is on.
     """
@@ -496,9 +501,9 @@ def grpo_loss(
     if kl_coef != 0:
         if ref_logprobs is None:
             raise ValueError("kl_coef is set but no ref_logprobs were given")
-        kl = per_token_kl_estimate(logprobs, ref_logprobs, mask, kl_estimator)
-        per_token = per_token + kl_coef * kl
-        stats["kl"] = masked_mean(kl.detach(), mask.to(kl.device))
+        term = kl_loss_term(logprobs, ref_logprobs, mask, kl_coef, kl_estimator, kl_input_clamp, kl_output_clamp)
+        per_token = per_token + term
+        stats["kl"] = masked_mean(term.detach() / kl_coef, mask.to(term.device))
     return aggregate_loss(per_token, mask, aggregation, normalizer, horizon), stats
 
 

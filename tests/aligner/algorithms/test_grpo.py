@@ -328,6 +328,15 @@ def test_aggregate_loss_horizon_and_normalizer():
         aggregate_loss(t(PT), t(PT_MASK), "seq-mean-token-sum")
 
 
+@pytest.mark.parametrize("aggregation", LOSS_AGGREGATIONS)
+def test_aggregate_loss_empty_mask_is_zero_and_attached(aggregation):
+    x = t(PT).requires_grad_()
+    loss = aggregate_loss(x, torch.zeros(3, 3), aggregation)
+    assert loss.item() == 0.0 and loss.grad_fn is not None
+    loss.backward()
+    assert (x.grad == 0).all()
+
+
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean", "nemo"])
 def test_aggregate_loss_equals_reinforce_loss(aggregation):
     gen = torch.Generator().manual_seed(4)
@@ -626,6 +635,9 @@ def test_grpo_loss_with_kl_and_weights_matches_trl():
     assert_close(stats["kl"], (per_token_kl.detach() * mask).sum() / mask.sum())
     with pytest.raises(ValueError, match="ref_logprobs"):
         grpo_loss(logp, old, adv, mask, kl_coef=0.1)
+    # the KL clamps reach the term: an output clamp of 0 leaves the policy loss alone
+    clamped, _ = grpo_loss(logp, old, adv, mask, ref_logprobs=ref, kl_coef=0.04, kl_output_clamp=0.0)
+    assert_close(clamped, grpo_loss(logp, old, adv, mask)[0])
 
 
 def test_grpo_loss_micro_batches_sum_to_one_batch():
