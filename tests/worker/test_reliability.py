@@ -8,12 +8,14 @@ import datetime as dt
 import json
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 
+from aligner.run_layout import END_FILE
 from tests.helpers.service import create_job, job_row, wait_for, worker_settings
 from webapp.db import Event, Metric, session_scope, utcnow
 from worker import shutdown
@@ -176,16 +178,41 @@ def trainer_env(run_dir: Path) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
 
 
-@pytest.mark.slow
+# The GPU tests' trainer: a stand-in (Settings.python, the interpreter the worker runs `-m aligner.cli train` with, is
+# this script). Which devices a job gets is the worker's doing, not the trainer's: a real trainer would only add its
+# start-up (seconds of torch imports each, four of them here). It stays up while RUN_DIR/hold exists, so that the
+# test reads its environment while it runs, then ends as a completed run does.
+HOLDING_TRAINER = """\
+#!{python}
+import json, pathlib, sys, time
+import yaml
+
+args = sys.argv[1:]
+config = yaml.safe_load(pathlib.Path(args[args.index("--config") + 1]).read_text())
+run_dir = pathlib.Path(config["run_dir"])
+while (run_dir / "hold").exists():
+    time.sleep(0.02)
+last = config["trainer"]["max_steps"]
+end = {{"end": "completed", "step": last, "total_steps": last, "message": ""}}
+(run_dir / "{end_file}").write_text(json.dumps(end))
+"""
+
+
 def test_jobs_get_gpus_of_their_own(factory, tmp_path, job_config):
     """Two fake devices: two one-GPU jobs run at once, each seeing only its device; a third waits; a CPU job sees
     none. The devices are free again when the runs end."""
-    s = worker_settings(tmp_path, gpus=("0", "1"), device_lock_dir=tmp_path / "locks", poll_interval=POLL)
-    # A trainer lives for its start (seconds) and its steps: the test reads its environment and offers the third job
-    # right after it starts, so a few steps are enough.
-    config = job_config(max_steps=3, save_interval=100, val_check_interval=100, reward=PACED)
+    trainer = tmp_path / "holding-trainer"
+    trainer.write_text(HOLDING_TRAINER.format(python=sys.executable, end_file=END_FILE))
+    trainer.chmod(0o755)
+    s = worker_settings(
+        tmp_path, gpus=("0", "1"), device_lock_dir=tmp_path / "locks", poll_interval=POLL, python=str(trainer)
+    )
+    config = job_config(max_steps=3, save_interval=100, val_check_interval=100)
     first, second, third = (create_job(factory, config, tmp_path / f"run{i}", num_gpus=1) for i in range(3))
     cpu = create_job(factory, config, tmp_path / "run_cpu", num_gpus=0)
+    for name in ("run0", "run1", "run_cpu"):  # these trainers run until the test has looked at them
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "hold").touch()
     runs = [Background(first, s, factory), Background(second, s, factory)]
     for i in range(2):
         wait_for(lambda i=i: (tmp_path / f"run{i}" / "trainer.pid").exists(), 60, "both trainers")
@@ -199,6 +226,8 @@ def test_jobs_get_gpus_of_their_own(factory, tmp_path, job_config):
     cpu_run = Background(cpu, s, factory)
     wait_for(lambda: (tmp_path / "run_cpu" / "trainer.pid").exists(), 60, "the CPU job's trainer")
     assert trainer_env(tmp_path / "run_cpu")["CUDA_VISIBLE_DEVICES"] == ""
+    for name in ("run0", "run1", "run_cpu"):
+        (tmp_path / name / "hold").unlink()
     for run in (*runs, cpu_run):
         assert run.join()["outcome"] == "succeeded"
     assert job_row(factory, first).devices is None  # released with the run
