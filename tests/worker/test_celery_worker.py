@@ -257,6 +257,8 @@ def test_sigterm_to_a_worker_hands_its_job_back_at_a_checkpoint(pg_available, re
         stopped_at = job.step
         assert stopped_at < max_steps and checkpoint_steps(service.factory, job_id) == [stopped_at]
         assert not os.path.exists(f"/proc/{trainer_pid}")
+        handed_back = f"resumes from checkpoint step {stopped_at} (no attempt counted)"
+        assert any(handed_back in e.get("message", "") for e in events(service.factory, job_id, "log"))
 
         service.start_worker()
         job = service.wait_final(job_id, timeout=120)

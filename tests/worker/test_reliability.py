@@ -115,7 +115,10 @@ def test_a_clock_jump_on_a_worker_loses_no_healthy_lease(factory, tmp_path, monk
 
 
 # ------------------------------------------------------------------------------------------------- graceful stop
+# SQLite only: on PostgreSQL the same hand-back (queued, no attempt counted, resumed at the stopped step, each step's
+# metrics once, the same statuses and log message) is test_celery_worker.py's SIGTERM test, through a real worker.
 @pytest.mark.slow
+@pytest.mark.parametrize("factory", ["sqlite"], indirect=True)
 def test_a_stopping_worker_hands_the_job_back_at_a_checkpoint(factory, tmp_path, job_config):
     """The worker is told to stop mid-run: the trainer checkpoints at the step boundary, the job is queued again
     with no attempt counted, and the next run resumes at exactly that step; every step's metrics exist once."""
