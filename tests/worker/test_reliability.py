@@ -122,7 +122,7 @@ def test_a_clock_jump_on_a_worker_loses_no_healthy_lease(factory, tmp_path, monk
 def test_a_stopping_worker_hands_the_job_back_at_a_checkpoint(factory, tmp_path, job_config):
     """The worker is told to stop mid-run: the trainer checkpoints at the step boundary, the job is queued again
     with no attempt counted, and the next run resumes at exactly that step; every step's metrics exist once."""
-    max_steps = 16
+    max_steps = 10
     config = job_config(max_steps=max_steps, save_interval=100, val_check_interval=100, reward=PACED)
     job_id = create_job(factory, config, tmp_path / "run")
     s, sent = worker_settings(tmp_path, cancel_grace=30, poll_interval=POLL), []
@@ -156,7 +156,7 @@ def test_a_stopping_worker_hands_the_job_back_at_a_checkpoint(factory, tmp_path,
 # ------------------------------------------------------------------------------------------------- killed trainer
 @pytest.mark.slow
 def test_a_trainer_killed_from_outside_is_requeued_and_resumes(factory, tmp_path, job_config):
-    max_steps = 16
+    max_steps = 10
     config = job_config(max_steps=max_steps, save_interval=2, val_check_interval=100, reward=PACED)
     job_id = create_job(factory, config, tmp_path / "run")
     s, sent = worker_settings(tmp_path, max_attempts=3, poll_interval=POLL), []
