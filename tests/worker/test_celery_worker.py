@@ -169,12 +169,12 @@ def test_a_sigkilled_worker_loses_nothing(pg_available, redis_url, job_config, t
     service = Service(schema, redis_url, tmp_path)
     try:
         first = service.start_worker()
-        max_steps = 22
+        max_steps = 12
         run_dir = tmp_path / "run"
-        config = job_config(max_steps=max_steps, save_interval=5, val_check_interval=10, reward=PACED)
+        config = job_config(max_steps=max_steps, save_interval=3, val_check_interval=10, reward=PACED)
         job_id = service.submit(config, run_dir=run_dir)
-        # Past step 12 the checkpoint of step 10 is complete, and steps after it are in SQL: they will be redone.
-        wait_for(lambda: service.job(job_id).step >= 12, 90, "12 steps")
+        # Past step 5 the checkpoint of step 3 is complete, and steps after it are in SQL: they will be redone.
+        wait_for(lambda: service.job(job_id).step >= 5, 90, "5 steps")
         trainer_pid = json.loads((run_dir / "trainer.pid").read_text())["pid"]
         first.kill()
         killed_at = time.monotonic()
@@ -245,7 +245,7 @@ def test_sigterm_to_a_worker_hands_its_job_back_at_a_checkpoint(pg_available, re
     service = Service(schema, redis_url, tmp_path)
     try:
         first = service.start_worker()
-        max_steps = 20
+        max_steps = 12
         run_dir = tmp_path / "run"
         config = job_config(max_steps=max_steps, save_interval=100, val_check_interval=100, reward=PACED)
         job_id = service.submit(config, run_dir=run_dir)
@@ -257,6 +257,8 @@ def test_sigterm_to_a_worker_hands_its_job_back_at_a_checkpoint(pg_available, re
         stopped_at = job.step
         assert stopped_at < max_steps and checkpoint_steps(service.factory, job_id) == [stopped_at]
         assert not os.path.exists(f"/proc/{trainer_pid}")
+        handed_back = f"resumes from checkpoint step {stopped_at} (no attempt counted)"
+        assert any(handed_back in e.get("message", "") for e in events(service.factory, job_id, "log"))
 
         service.start_worker()
         job = service.wait_final(job_id, timeout=120)

@@ -306,15 +306,29 @@ def test_a_critic_server_that_does_not_start_fails_the_job_naming_its_log(factor
     assert not (run_dir / "fake_trainer.json").exists() and not (run_dir / CRITIC_PID_FILE).exists()
 
 
-@pytest.mark.slow
-def test_a_ppo_job_with_its_own_critic_server_url_gets_none_started(factory, tmp_path, fake_trainer, ppo_config):
-    from aligner.servers.launch import launch_critic_server, stop_server
+# The operator's own critic server, as far as the stand-in trainer looks at it: HTTP 200 on /v2/health/ready. The
+# worker never talks to a server it did not start, so a real one (seconds of PyTriton start-up) would add nothing.
+EXTERNAL_SERVER = """\
+import http.server, sys
 
+class Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/v2/health/ready" else 404)
+        self.end_headers()
+
+server = http.server.HTTPServer(("127.0.0.1", 0), Ready)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+def test_a_ppo_job_with_its_own_critic_server_url_gets_none_started(factory, tmp_path, fake_trainer, ppo_config):
     run_dir = tmp_path / "run"
-    proc, url = launch_critic_server(
-        ppo_config()["critic"]["model_path"], tmp_path / "external.log", overrides=["num_threads=1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", EXTERNAL_SERVER], stdout=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
+        url = f"http://127.0.0.1:{int(proc.stdout.readline())}"
         job_id = create_job(factory, ppo_config(server_url=url), run_dir)
         (run_dir).mkdir()
         (run_dir / CRITIC_PID_FILE).write_text(json.dumps({"host": "x", "pgid": proc.pid}))  # the fake reads it
@@ -324,7 +338,8 @@ def test_a_ppo_job_with_its_own_critic_server_url_gets_none_started(factory, tmp
         assert not any("critic server" in m for m in messages(factory, job_id))
         assert not (run_dir / CRITIC_LOG).exists()
     finally:
-        stop_server(proc, grace_s=1)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 @pytest.mark.slow

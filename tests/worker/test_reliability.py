@@ -8,12 +8,14 @@ import datetime as dt
 import json
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 
+from aligner.run_layout import END_FILE
 from tests.helpers.service import create_job, job_row, wait_for, worker_settings
 from webapp.db import Event, Metric, session_scope, utcnow
 from worker import shutdown
@@ -113,11 +115,14 @@ def test_a_clock_jump_on_a_worker_loses_no_healthy_lease(factory, tmp_path, monk
 
 
 # ------------------------------------------------------------------------------------------------- graceful stop
+# SQLite only: on PostgreSQL the same hand-back (queued, no attempt counted, resumed at the stopped step, each step's
+# metrics once, the same statuses and log message) is test_celery_worker.py's SIGTERM test, through a real worker.
 @pytest.mark.slow
+@pytest.mark.parametrize("factory", ["sqlite"], indirect=True)
 def test_a_stopping_worker_hands_the_job_back_at_a_checkpoint(factory, tmp_path, job_config):
     """The worker is told to stop mid-run: the trainer checkpoints at the step boundary, the job is queued again
     with no attempt counted, and the next run resumes at exactly that step; every step's metrics exist once."""
-    max_steps = 16
+    max_steps = 10
     config = job_config(max_steps=max_steps, save_interval=100, val_check_interval=100, reward=PACED)
     job_id = create_job(factory, config, tmp_path / "run")
     s, sent = worker_settings(tmp_path, cancel_grace=30, poll_interval=POLL), []
@@ -151,7 +156,7 @@ def test_a_stopping_worker_hands_the_job_back_at_a_checkpoint(factory, tmp_path,
 # ------------------------------------------------------------------------------------------------- killed trainer
 @pytest.mark.slow
 def test_a_trainer_killed_from_outside_is_requeued_and_resumes(factory, tmp_path, job_config):
-    max_steps = 16
+    max_steps = 10
     config = job_config(max_steps=max_steps, save_interval=2, val_check_interval=100, reward=PACED)
     job_id = create_job(factory, config, tmp_path / "run")
     s, sent = worker_settings(tmp_path, max_attempts=3, poll_interval=POLL), []
@@ -176,16 +181,41 @@ def trainer_env(run_dir: Path) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
 
 
-@pytest.mark.slow
+# The GPU tests' trainer: a stand-in (Settings.python, the interpreter the worker runs `-m aligner.cli train` with, is
+# this script). Which devices a job gets is the worker's doing, not the trainer's: a real trainer would only add its
+# start-up (seconds of torch imports each, four of them here). It stays up while RUN_DIR/hold exists, so that the
+# test reads its environment while it runs, then ends as a completed run does.
+HOLDING_TRAINER = """\
+#!{python}
+import json, pathlib, sys, time
+import yaml
+
+args = sys.argv[1:]
+config = yaml.safe_load(pathlib.Path(args[args.index("--config") + 1]).read_text())
+run_dir = pathlib.Path(config["run_dir"])
+while (run_dir / "hold").exists():
+    time.sleep(0.02)
+last = config["trainer"]["max_steps"]
+end = {{"end": "completed", "step": last, "total_steps": last, "message": ""}}
+(run_dir / "{end_file}").write_text(json.dumps(end))
+"""
+
+
 def test_jobs_get_gpus_of_their_own(factory, tmp_path, job_config):
     """Two fake devices: two one-GPU jobs run at once, each seeing only its device; a third waits; a CPU job sees
     none. The devices are free again when the runs end."""
-    s = worker_settings(tmp_path, gpus=("0", "1"), device_lock_dir=tmp_path / "locks", poll_interval=POLL)
-    # A trainer lives for its start (seconds) and its steps: the test reads its environment and offers the third job
-    # right after it starts, so a few steps are enough.
-    config = job_config(max_steps=3, save_interval=100, val_check_interval=100, reward=PACED)
+    trainer = tmp_path / "holding-trainer"
+    trainer.write_text(HOLDING_TRAINER.format(python=sys.executable, end_file=END_FILE))
+    trainer.chmod(0o755)
+    s = worker_settings(
+        tmp_path, gpus=("0", "1"), device_lock_dir=tmp_path / "locks", poll_interval=POLL, python=str(trainer)
+    )
+    config = job_config(max_steps=3, save_interval=100, val_check_interval=100)
     first, second, third = (create_job(factory, config, tmp_path / f"run{i}", num_gpus=1) for i in range(3))
     cpu = create_job(factory, config, tmp_path / "run_cpu", num_gpus=0)
+    for name in ("run0", "run1", "run_cpu"):  # these trainers run until the test has looked at them
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "hold").touch()
     runs = [Background(first, s, factory), Background(second, s, factory)]
     for i in range(2):
         wait_for(lambda i=i: (tmp_path / f"run{i}" / "trainer.pid").exists(), 60, "both trainers")
@@ -199,6 +229,8 @@ def test_jobs_get_gpus_of_their_own(factory, tmp_path, job_config):
     cpu_run = Background(cpu, s, factory)
     wait_for(lambda: (tmp_path / "run_cpu" / "trainer.pid").exists(), 60, "the CPU job's trainer")
     assert trainer_env(tmp_path / "run_cpu")["CUDA_VISIBLE_DEVICES"] == ""
+    for name in ("run0", "run1", "run_cpu"):
+        (tmp_path / name / "hold").unlink()
     for run in (*runs, cpu_run):
         assert run.join()["outcome"] == "succeeded"
     assert job_row(factory, first).devices is None  # released with the run
