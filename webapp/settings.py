@@ -116,6 +116,9 @@ class ServiceSettings:
         "ALIGNER_LEASE_TIMEOUT", 60.0, "seconds without a heartbeat after which a job's worker counts as lost", float
     )
     sweep_interval: float = _setting("ALIGNER_SWEEP_INTERVAL", 15.0, "seconds between recovery sweeps", float)
+    poll_interval: float = _setting(
+        "ALIGNER_POLL_INTERVAL", 0.5, "seconds between a worker's looks at its trainer (and its heartbeats)", float
+    )
     max_attempts: int = _setting(
         "ALIGNER_MAX_ATTEMPTS",
         3,

@@ -25,7 +25,7 @@ class Settings:
     database_url: str
     data_dir: Path = _DEFAULTS.data_dir
     lease_timeout: float = _DEFAULTS.lease_timeout
-    poll_interval: float = 0.5  # s between two looks at the run directory (and heartbeats); no variable
+    poll_interval: float = _DEFAULTS.poll_interval
     cancel_grace: float = _DEFAULTS.cancel_grace
     sweep_interval: float = _DEFAULTS.sweep_interval
     max_attempts: int = _DEFAULTS.max_attempts
@@ -50,6 +50,7 @@ class Settings:
             lease_timeout=service.lease_timeout,
             cancel_grace=service.cancel_grace,
             sweep_interval=service.sweep_interval,
+            poll_interval=service.poll_interval,
             max_attempts=service.max_attempts,
             python=service.trainer_python,
             critic_start_timeout=service.critic_start_timeout,
