@@ -2,7 +2,7 @@
 port (the `app` fixture): a job that is not yours never enters Compare's drop-down (Gradio would refuse every later
 event with it, the timer's included) and is named once beside the button; a job that leaves your list leaves the
 picked ones; each catalogue action answers under its own form; Remove asks first, saying what it does.
-tests/webapp/test_ui_browser_walk.py drives the same in Chromium."""
+tests/webapp/test_ui_browser.py drives the same in Chromium."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """webapp/ui/page_head.py: the dashboard's page runs IDLE_FRAMES_JS before any of Gradio's scripts (the idle CPU it
-saves is measured in tests/webapp/test_ui_browser_walk.py)."""
+saves is measured in tests/webapp/test_ui_browser.py)."""
 
 from __future__ import annotations
 

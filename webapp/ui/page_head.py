@@ -8,7 +8,7 @@ as the page is open, 60 callbacks a second: 5-6% of a core in headless Chromium 
 (measured on a bare gr.Blocks; 0.4% with the loop slowed). `IDLE_FRAMES_JS` runs the tracker's counter callbacks
 every STATUS_TICK_MS instead of every frame (the counter shows tenths of a second), and leaves every other
 animation frame alone. Gradio captures requestAnimationFrame when its modules load, which is why this cannot be
-Gradio's own `js=` or `head=` (both run after). tests/webapp/test_ui_browser_walk.py measures the page idle.
+Gradio's own `js=` or `head=` (both run after). tests/webapp/test_ui_browser.py measures the page idle.
 
 Gradio's queue, on Linux, looks for queued events every millisecond and for progress updates every 10 ms: 3% of a
 core with no browser connected. `quiet_queue` makes those QUEUE_POLL_S and PROGRESS_POLL_S (its values on
