@@ -320,16 +320,62 @@ class GenerationConfig(Section):
         return self
 
 
-class ReinforceConfig(Section):
-    """The REINFORCE / RLOO algorithm. Defaults follow NeMo-Aligner; every departure is an option."""
+# reinforce.algorithm: each preset's knobs, as its paper and reference implementation set them (docs/training.md
+# "Algorithm presets" gives the sources). A knob set in the config overrides its preset; "rloo" is the defaults.
+ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
+    "rloo": {},
+    "nemo": {"loss_aggregation": "nemo"},
+    "grpo": {
+        "baseline": "group_mean",
+        "scale_rewards": "group",
+        "loss_aggregation": "seq_mean",
+        "kl_in": "loss",
+        "kl_estimator": "k3",
+        "initial_policy_kl_penalty": 0.04,
+    },
+    "dr_grpo": {
+        "baseline": "group_mean",
+        "scale_rewards": "none",
+        "loss_aggregation": "seq_mean_token_sum_norm",
+        "initial_policy_kl_penalty": 0.0,
+    },
+}
 
+
+class ReinforceConfig(Section):
+    """The REINFORCE / RLOO algorithm and the GRPO family. Defaults follow NeMo-Aligner; every departure is an option,
+    and `algorithm` names a preset of them (ALGORITHM_PRESETS; a knob given explicitly wins)."""
+
+    algorithm: Literal["rloo", "nemo", "grpo", "dr_grpo"] = Field(
+        "rloo",
+        description="A preset of the knobs below, as its paper sets them: rloo (NeMo-Aligner's REINFORCE with RLOO, "
+        "the defaults), nemo (its loss exactly), grpo (group mean / std advantages, KL to the reference in the "
+        "loss), dr_grpo (group mean, no std, a constant-length sequence sum); docs/training.md lists each knob.",
+    )
     num_prompts_per_step: int = Field(8, ge=1, description="Distinct prompts per step (global over processes).")
     num_rollouts_per_prompt: int = Field(4, ge=1, description="Samples per prompt; RLOO needs at least 2.")
-    initial_policy_kl_penalty: float = Field(0.01, ge=0, description="KL coefficient: reward - coef * KL.")
-    kl_estimator: Literal["abs", "k1", "k3"] = Field(
-        "abs", description="Per-token KL: |logp - logp_ref| (NeMo), logp - logp_ref, or Schulman's k3."
+    initial_policy_kl_penalty: float = Field(
+        0.01, ge=0, description="KL coefficient: reward - coef * KL (kl_in: reward), or loss + coef * KL (kl_in: loss)"
     )
-    baseline: Literal["rloo", "none"] = Field("rloo", description="Leave-one-out baseline, or none (plain REINFORCE).")
+    kl_estimator: Literal["abs", "k1", "k2", "k3"] = Field(
+        "abs",
+        description="Per-token KL, d = logp - logp_ref: |d| (NeMo), d, d^2 / 2, or Schulman's k3 exp(-d) - 1 + d.",
+    )
+    kl_in: Literal["reward", "loss"] = Field(
+        "reward",
+        description="reward: the sample's mean KL lowers its reward before the baseline (NeMo-Aligner); loss: the "
+        "per-token KL is added to the loss, aggregated as the policy's term (GRPO).",
+    )
+    baseline: Literal["rloo", "group_mean", "none"] = Field(
+        "rloo",
+        description="rloo: the mean of the other samples of the prompt (leave-one-out); group_mean: of all of them "
+        "(GRPO); none: plain REINFORCE. Samples that did not end properly are not counted in either mean.",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "none",
+        description="Divide each advantage by the std of its prompt's rewards (group, GRPO), of the whole step's "
+        "(batch), or not (none); a group without spread gets advantage 0.",
+    )
     normalize_advantages: bool = Field(False, description="Whiten advantages over the batch.")
     dynamic_batching: bool = Field(
         False,
@@ -343,11 +389,15 @@ class ReinforceConfig(Section):
         False,
         description="Drop samples that did not end properly from the loss (loss_aggregation: nemo always does).",
     )
-    loss_aggregation: Literal["token_mean", "seq_mean", "nemo"] = Field(
-        "token_mean",
-        description="token_mean: average the loss over all valid tokens of the batch; seq_mean: per sequence, then "
-        "over the samples with tokens; nemo: NeMo-Aligner's exactly, a token mean per sample with truncated samples "
-        "zeroed, averaged over each micro-batch's samples, then over micro-batches (docs/training.md).",
+    loss_aggregation: Literal["token_mean", "seq_mean", "nemo", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = (
+        Field(
+            "token_mean",
+            description="token_mean: average the loss over all valid tokens of the batch; seq_mean: per sequence, "
+            "then over the samples with tokens; nemo: NeMo-Aligner's exactly, a token mean per sample with truncated "
+            "samples zeroed, averaged over each micro-batch's samples, then over micro-batches; seq_mean_token_sum: "
+            "each sample's token sum, averaged over the samples; seq_mean_token_sum_norm: every token sum over the "
+            "samples times generation.max_new_tokens (Dr.GRPO's constant); docs/training.md.",
+        )
     )
     num_mini_batches: int = Field(
         1,
@@ -367,6 +417,14 @@ class ReinforceConfig(Section):
         description="Take the policy's log-probs from the sampling pass (exact: one optimiser step per rollout) "
         "instead of a second forward pass.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        """The algorithm's preset under the knobs given: a knob set explicitly keeps its value."""
+        if isinstance(data, dict) and data.get("algorithm", "rloo") in ALGORITHM_PRESETS:
+            return {**ALGORITHM_PRESETS[data.get("algorithm", "rloo")], **data}
+        return data
 
     @model_validator(mode="after")
     def _rollouts(self) -> ReinforceConfig:
@@ -781,8 +839,11 @@ def combination_errors(config: TrainConfig) -> list[tuple[str, str]]:
         refused = {
             f"model.lora (r: {model.lora.r}): Megatron trains every weight; set model.lora.r: 0": model.lora.r > 0,
             "model.precision: bf16-mixed (Megatron runs in model.dtype)": model.precision == "bf16-mixed",
-            "reinforce.loss_aggregation: nemo (Megatron takes one optimiser step per rollout, with token_mean or "
-            "seq_mean)": not ppo and reinforce.loss_aggregation == "nemo",
+            f"reinforce.loss_aggregation: {reinforce.loss_aggregation} (Megatron takes one optimiser step per "
+            "rollout, with token_mean or seq_mean)": not ppo
+            and reinforce.loss_aggregation not in ("token_mean", "seq_mean"),
+            "reinforce.kl_in: loss (Megatron's loss is the policy's alone; keep the KL in the reward)": not ppo
+            and reinforce.kl_in == "loss",
             f"reinforce.num_mini_batches: {reinforce.num_mini_batches} (Megatron takes one optimiser step per "
             "rollout): set it to 1": not ppo and reinforce.num_mini_batches > 1,
             # The ranks of one model-parallel group must see the same prompts; the queue deals chunks to single ranks.

@@ -273,6 +273,18 @@ def global_whiten(values: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     return ((values.to(torch.float64) - mean) / (var.sqrt() + eps)).to(values.dtype)
 
 
+def global_std(values: torch.Tensor) -> torch.Tensor:
+    """The unbiased standard deviation of `values` over every rank's elements (a float64 0-dim tensor; 0 for fewer
+    than two elements): what one process computes on the concatenated global batch, to float rounding."""
+    # Only one rank per model-parallel group counts (the others hold the same values).
+    x = values.to(torch.float64) if is_dp_leader() else values.new_zeros(0, dtype=torch.float64)
+    stats = all_reduce_sum(torch.stack([x.sum(), torch.tensor(float(x.numel()), dtype=x.dtype, device=x.device)]))
+    count = stats[1]
+    if count < 2:
+        return torch.zeros((), dtype=torch.float64, device=values.device)
+    return (all_reduce_sum((x - stats[0] / count).pow(2).sum()) / (count - 1)).sqrt()
+
+
 def all_reduce_gradients(parameters) -> None:
     """Replace each trainable parameter's gradient by its SUM over ranks (a missing gradient counts as zeros).
 

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from aligner.algorithms.diagnostics import ZERO_SPREAD_ATOL
-from aligner.algorithms.reinforce import masked_mean, rloo_baseline
+from aligner.algorithms.reinforce import KL_ESTIMATORS, masked_mean, rloo_baseline
 
 __all__ = [
     "ADVANTAGE_BASELINES",
@@ -42,6 +42,7 @@ __all__ = [
     "LOSS_AGGREGATIONS",
     "POLICY_LOSSES",
     "REWARD_SCALINGS",
+    "REWARD_STD_EPS",
     "aggregate_loss",
     "group_reward_moments",
     "grpo_advantages",
@@ -58,13 +59,12 @@ __all__ = [
 
 ADVANTAGE_BASELINES = ("rloo", "group_mean", "none")
 REWARD_SCALINGS = ("group", "batch", "none")
+REWARD_STD_EPS = 1e-6  # added to a reward std before dividing by it (veRL's grpo epsilon)
 # The first three are reinforce.LOSS_AGGREGATIONS (same definitions); veRL's loss_agg_mode names, in order:
 # token-mean, seq-mean-token-mean, (NeMo-Aligner), seq-mean-token-sum, seq-mean-token-sum-norm.
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean", "nemo", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 POLICY_LOSSES = ("clip", "cispo")
 IMPORTANCE_LEVELS = ("token", "sequence")
-# reinforce.KL_ESTIMATORS plus k2; kept apart because reinforce.kl_penalty rejects "k2" (its tests assert it).
-KL_ESTIMATORS = ("k1", "abs", "k2", "k3")
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -128,7 +128,7 @@ def grpo_advantages(
     is_end: Tensor | None = None,
     baseline: str = "group_mean",
     scale_rewards: str = "group",
-    eps: float = 1e-6,
+    eps: float = REWARD_STD_EPS,
 ) -> Tensor:
     """Sequence-level advantages ``[B]`` (dtype of ``rewards``, detached) of the GRPO family.
 

@@ -45,7 +45,7 @@ __all__ = [
     "truncated_importance_weights",
 ]
 
-KL_ESTIMATORS = ("k1", "abs", "k3")
+KL_ESTIMATORS = ("k1", "abs", "k2", "k3")
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean", "nemo")
 
 
@@ -81,6 +81,7 @@ def kl_penalty(
 
             - ``"k1"``:  ``d`` (unbiased, can be negative per token);
             - ``"abs"``: ``|d|``;
+            - ``"k2"``:  ``d^2 / 2`` (Schulman's low-bias estimator; veRL's "mse");
             - ``"k3"``:  ``exp(-d) - 1 + d = exp(logp_ref - logp) - 1 - (logp_ref - logp)`` (Schulman's unbiased,
               non-negative estimator of KL(pi || pi_ref); computed as ``expm1(-d) + d``).
 
@@ -108,6 +109,8 @@ def kl_penalty(
         per_token = diff
     elif estimator == "abs":
         per_token = diff.abs()
+    elif estimator == "k2":
+        per_token = 0.5 * diff.square()
     else:  # k3
         per_token = torch.expm1(-diff) + diff
     return masked_mean(per_token, valid, dim=-1)

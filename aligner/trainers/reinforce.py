@@ -29,7 +29,9 @@ from typing import Any
 import torch
 
 from aligner import distributed
+from aligner.algorithms.grpo import REWARD_STD_EPS, aggregate_loss, grpo_advantages, kl_loss_term
 from aligner.algorithms.reinforce import (
+    LOSS_AGGREGATIONS,
     advantages_from_baseline,
     kl_penalty,
     reinforce_loss,
@@ -133,6 +135,8 @@ class Rollout:
     loss_mask: torch.Tensor  # [B, T] float
     advantages: torch.Tensor  # [B]
     metrics: dict[str, float] = field(default_factory=dict)
+    # reinforce.kl_in: loss: the reference's log-probs of the sampled tokens, for the loss's KL term.
+    ref_logprobs: torch.Tensor | None = None
     samples: list[dict[str, Any]] = field(default_factory=list)
     # trainer.async_rollouts: the log-probs of the policy that sampled (one update behind), for importance weights.
     behaviour_logprobs: torch.Tensor | None = None
@@ -615,12 +619,20 @@ class ReinforceTrainer:
             rewards = future.result().to(logprobs.device)
 
         kl = kl_penalty(logprobs, ref_logprobs, gen.response_mask, estimator=cfg.kl_estimator)
-        shaped = rewards_with_kl(rewards, kl, cfg.initial_policy_kl_penalty)
+        shaped = rewards_with_kl(rewards, kl, cfg.initial_policy_kl_penalty if cfg.kl_in == "reward" else 0.0)
         if cfg.baseline == "rloo":
             baseline = rloo_baseline(shaped, gen.group_ids, gen.is_end)
+        elif cfg.baseline == "group_mean":  # the group's mean, the sample's own reward where it has no group
+            baseline = shaped - grpo_advantages(shaped, gen.group_ids, gen.is_end, "group_mean", "none")
         else:
             baseline = torch.zeros_like(shaped)
         advantages = advantages_from_baseline(shaped, baseline)
+        if cfg.scale_rewards == "group":
+            advantages = grpo_advantages(shaped, gen.group_ids, gen.is_end, cfg.baseline, "group")
+        elif cfg.scale_rewards == "batch":  # the std of every rank's rewards, as one process would take it
+            std = distributed.global_std(shaped[gen.is_end.bool()])
+            if std > 0:
+                advantages = advantages / (std + REWARD_STD_EPS)
         if cfg.normalize_advantages:
             advantages = distributed.global_whiten(advantages)  # over the global batch, as one process would
         metrics = rollout_metrics(gen, rewards, shaped, kl, {BASELINE: baseline.mean().item()})
@@ -636,6 +648,7 @@ class ReinforceTrainer:
             metrics=metrics,
             samples=samples,
             behaviour_logprobs=gen.logprobs if off_policy else None,
+            ref_logprobs=ref_logprobs if cfg.kl_in == "loss" else None,
         )
 
     # ----------------------------------------------------------------------------------------------- async rollouts
@@ -778,11 +791,14 @@ class ReinforceTrainer:
             micro = list(self._micro_batches(rollout.batch if whole else rollout.batch.subset(mini)))
         if aggregation == "token_mean":
             count = loss_mask.sum()
-        elif aggregation == "seq_mean":
+        elif aggregation in ("seq_mean", "seq_mean_token_sum"):
             count = (loss_mask.sum(-1) > 0).sum()
+        elif aggregation == "seq_mean_token_sum_norm":  # Dr.GRPO: every row, times a constant length (below)
+            count = torch.tensor(loss_mask.shape[0], device=loss_mask.device)
         else:  # nemo: each micro-batch's mean over its rows, averaged over the global number of micro-batches
             count = torch.tensor(len(micro), device=loss_mask.device)
         count = distributed.all_reduce_sum(count.float()).clamp(min=1)
+        ref = rollout.ref_logprobs[mini] if rollout.ref_logprobs is not None else None
         total = 0.0
         for rows, sub in self.backend.passes(micro):
             with self.training_autocast():
@@ -793,10 +809,28 @@ class ReinforceTrainer:
             if behaviour is not None:
                 weights = truncated_importance_weights(logprobs, behaviour[rows, : logprobs.shape[1]], sub_mask, cap)
                 importance.append([weights.sum().item(), (weights == cap).sum().item(), sub_mask.sum().item()])
-            loss = reinforce_loss(logprobs, advantages[rows], sub_mask, aggregation, normalizer, weights)
+            loss = self._loss(logprobs, advantages[rows], sub_mask, normalizer, weights, ref, rows)
             loss.backward()
             total += loss.item()
         return total
+
+    def _loss(self, logprobs, advantages, mask, normalizer, weights, ref_logprobs, rows) -> torch.Tensor:
+        """One micro-batch's share of the loss: REINFORCE's (`reinforce_loss`), or, for the GRPO family's
+        aggregations and `kl_in: loss`, its per-token terms plus the coefficient times the per-token KL to the
+        reference (`kl_loss_term`), aggregated alike (`aggregate_loss`; Dr.GRPO's constant length is
+        generation.max_new_tokens)."""
+        cfg = self.config.reinforce
+        if ref_logprobs is None and cfg.loss_aggregation in LOSS_AGGREGATIONS:
+            return reinforce_loss(logprobs, advantages, mask, cfg.loss_aggregation, normalizer, weights)
+        per_token = -logprobs * advantages.detach().to(logprobs.dtype)[:, None]
+        if weights is not None:
+            per_token = per_token * weights
+        if ref_logprobs is not None:
+            reference = ref_logprobs[rows, : logprobs.shape[1]]
+            coef = cfg.initial_policy_kl_penalty
+            per_token = per_token + kl_loss_term(logprobs, reference, mask, coef, cfg.kl_estimator)
+        horizon = self.config.generation.max_new_tokens
+        return aggregate_loss(per_token, mask, cfg.loss_aggregation, normalizer, horizon)
 
     def _optimise_whole(self, rollout: Rollout) -> dict[str, float]:
         """The same step taken by a backend that runs it whole (Megatron's pipeline schedule), then the refit."""

@@ -167,6 +167,11 @@ MEGATRON = ["model.backend=megatron"]
             MEGATRON + ["reinforce.loss_aggregation=seq_mean"],
         ),
         (
+            MEGATRON + ["reinforce.algorithm=grpo"],  # its KL in the loss and its seq_mean: Megatron takes the second
+            "model.backend: megatron cannot be combined with reinforce.kl_in: loss",
+            MEGATRON + ["reinforce.algorithm=grpo", "reinforce.kl_in=reward"],
+        ),
+        (
             MEGATRON + ["reinforce.num_mini_batches=2"],
             "model.backend: megatron cannot be combined with reinforce.num_mini_batches: 2",
             ["reinforce.num_mini_batches=2"],
@@ -293,3 +298,19 @@ def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
     with pytest.raises(ConfigError, match=r"not valid YAML.*aliases \(\*a\) are not accepted"):
         load_config(write(tmp_path, MINIMAL + ALIAS_BOMB))
     assert load_yaml("a: &x 1\nb: 2\n") == {"a": 1, "b": 2}
+
+
+def test_an_algorithm_preset_sets_its_knobs_and_an_explicit_knob_wins(tmp_path):
+    from aligner.config import ALGORITHM_PRESETS, ReinforceConfig
+
+    default = ReinforceConfig()
+    assert default.algorithm == "rloo" and ALGORITHM_PRESETS["rloo"] == {}
+    grpo = ReinforceConfig(algorithm="grpo")
+    assert (grpo.baseline, grpo.scale_rewards, grpo.loss_aggregation) == ("group_mean", "group", "seq_mean")
+    assert (grpo.kl_in, grpo.kl_estimator, grpo.initial_policy_kl_penalty) == ("loss", "k3", 0.04)
+    assert grpo.exclude_truncated == default.exclude_truncated  # knobs the preset leaves alone keep their defaults
+    mine = ReinforceConfig(algorithm="grpo", scale_rewards="none", initial_policy_kl_penalty=0.0)
+    assert (mine.baseline, mine.scale_rewards, mine.initial_policy_kl_penalty) == ("group_mean", "none", 0.0)
+    # The resolved config, saved with every run, shows the values used and loads back to the same.
+    assert ReinforceConfig(**grpo.model_dump()) == grpo
+    assert ReinforceConfig(algorithm="dr_grpo").loss_aggregation == "seq_mean_token_sum_norm"

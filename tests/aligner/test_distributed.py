@@ -263,6 +263,17 @@ def test_two_ranks_with_mini_batches_make_the_one_rank_updates(tmp_path, tiny_po
     _assert_same_run(*_one_and_two_ranks(tmp_path, configs), optimiser_steps=4)
 
 
+def test_two_ranks_with_the_grpo_familys_knobs_make_the_one_rank_update(tmp_path, tiny_policy_dir):
+    """Dr.GRPO's aggregation (every token sum over the global rows times max_new_tokens), the KL in the loss (k3) and
+    advantages scaled by the std of the whole step's rewards (a global statistic): 2 processes with micro-batches
+    take the 1-process update."""
+    grpo = {"algorithm": "dr_grpo", "kl_in": "loss", "kl_estimator": "k3", "initial_policy_kl_penalty": 0.05,
+            "scale_rewards": "batch", "normalize_advantages": False}  # fmt: skip
+    # Seed 3: both steps have rewards with spread (the default seed's step 2 has none: every advantage 0).
+    configs = {r: {**_config(tmp_path, tiny_policy_dir, f"grpo{r}", reinforce=grpo), "seed": 3} for r in (1, 2)}
+    _assert_same_run(*_one_and_two_ranks(tmp_path, configs), optimiser_steps=2)
+
+
 @pytest.mark.slow
 def test_ppo_on_two_ranks_makes_the_one_rank_update(tmp_path, tiny_policy_dir, reward_model_dir):
     """PPO under torchrun: rank 0's critic server serves both ranks and trains on the gathered global batch;

@@ -47,7 +47,7 @@ def test_per_token_kl_estimators():
     k3 = per_token_kl(t(LOGP), t(REF), t(MASK), estimator="k3")
     assert_close(k3, t([[0.10653066, 0.71828183, 0.0], [0.10653066, 0.0, 0.0]]))
     with pytest.raises(ValueError, match="unknown KL estimator"):
-        per_token_kl(t(LOGP), t(REF), t(MASK), estimator="k2")
+        per_token_kl(t(LOGP), t(REF), t(MASK), estimator="k4")
     with pytest.raises(ValueError, match="same shape"):
         per_token_kl(t(LOGP), t(REF), t([1, 1, 1]))
 

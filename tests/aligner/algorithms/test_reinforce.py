@@ -110,9 +110,15 @@ def test_kl_penalty_empty_row_and_non_finite_padding(estimator):
     assert_close(logp.grad[1], t([0.0, 0.0]))
 
 
+def test_kl_penalty_k2_is_half_the_squared_log_ratio():
+    # d = logp - ref per valid token; k2 = d^2 / 2, then the mean over each row's valid tokens.
+    logp, ref, mask = t([[-1.0, -2.0, -3.0]]), t([[-1.5, -1.0, 9.0]]), torch.tensor([[1, 1, 0]])
+    assert_close(kl_penalty(logp, ref, mask, estimator="k2"), t([(0.5**2 / 2 + 1.0**2 / 2) / 2]))
+
+
 def test_kl_penalty_unknown_estimator():
     with pytest.raises(ValueError, match="estimator"):
-        kl_penalty(t(LOGP), t(REF), torch.tensor(MASK), estimator="k2")
+        kl_penalty(t(LOGP), t(REF), torch.tensor(MASK), estimator="k4")
 
 
 def test_kl_penalty_shape_mismatch():

@@ -306,14 +306,16 @@ def test_lr_schedule_warmup_then_cosine():
 
 
 @pytest.mark.slow
-def test_demo_run_raises_the_reward(demo_assets_dir, tmp_path):
-    """The demo config, shortened to 40 steps: the reward rises by more than the run's noise explains, and the
-    validation reward (fixed prompts and sampling noise) ends above where it started."""
+@pytest.mark.parametrize("algorithm", ["rloo", "grpo", "dr_grpo"])
+def test_demo_run_raises_the_reward(demo_assets_dir, tmp_path, algorithm):
+    """The demo config, shortened to 40 steps, with each reinforce.algorithm preset: the reward rises by more than
+    the run's noise explains, and the validation reward (fixed prompts and sampling noise) ends above where it
+    started."""
     from aligner.config import load_config
 
+    overrides = [f"run_dir={tmp_path / 'run'}", "trainer.max_steps=40", "trainer.progress_bar=false"]
     config = load_config(
-        demo_assets_dir / "reinforce.yaml",
-        [f"run_dir={tmp_path / 'run'}", "trainer.max_steps=40", "trainer.progress_bar=false", "model.num_threads=1"],
+        demo_assets_dir / "reinforce.yaml", [*overrides, "model.num_threads=1", f"reinforce.algorithm={algorithm}"]
     )
     trainer = train(config)
     rows = [r for r in read_jsonl(trainer.run_dir / "metrics.jsonl") if r["step"] > 0]
