@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from aligner.algorithms.diagnostics import ZERO_SPREAD_ATOL
-from aligner.algorithms.reinforce import KL_ESTIMATORS, masked_mean, rloo_baseline
+from aligner.algorithms.reinforce import KL_ESTIMATORS, kl_estimate, masked_mean, rloo_baseline
 
 __all__ = [
     "ADVANTAGE_BASELINES",
@@ -195,7 +195,7 @@ def per_token_kl_estimate(
     With ``d = logprobs - ref_logprobs`` (first clamped to ``[-input_clamp, input_clamp]`` when given):
     ``"k1"``: ``d``; ``"abs"``: ``|d|``; ``"k2"``: ``0.5 * d^2``; ``"k3"``: ``exp(-d) - 1 + d`` (Schulman 2020,
     "Approximating KL divergence"); then clamped to ``[-output_clamp, output_clamp]`` when given. k1, abs and k3
-    equal :func:`aligner.algorithms.ppo.per_token_kl` (which rejects k2). The gradient flows through ``logprobs``
+    equal :func:`aligner.algorithms.ppo.per_token_kl`. The gradient flows through ``logprobs``
     (and ``ref_logprobs`` if it has one); a clamp cuts it where it binds.
 
     Peers: veRL ``kl_penalty_forward`` ("k2"/"mse" = ``0.5 * d^2``; "low_var_kl"/"k3" with the input clamped to
@@ -210,14 +210,7 @@ def per_token_kl_estimate(
     diff = torch.where(valid, logprobs - ref_logprobs.to(logprobs.dtype), torch.zeros_like(logprobs))
     if input_clamp is not None:
         diff = diff.clamp(-input_clamp, input_clamp)
-    if estimator == "k1":
-        per_token = diff
-    elif estimator == "abs":
-        per_token = diff.abs()
-    elif estimator == "k2":
-        per_token = 0.5 * diff.square()
-    else:
-        per_token = torch.expm1(-diff) + diff
+    per_token = kl_estimate(diff, estimator)
     if output_clamp is not None:
         per_token = per_token.clamp(-output_clamp, output_clamp)
     return per_token * valid

@@ -35,6 +35,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "advantages_from_baseline",
+    "kl_estimate",
     "kl_penalty",
     "masked_mean",
     "nemo_reinforce_loss",
@@ -105,15 +106,20 @@ def kl_penalty(
         )
     valid = mask.bool()
     diff = torch.where(valid, logprobs - ref_logprobs, torch.zeros_like(logprobs))
+    return masked_mean(kl_estimate(diff, estimator), valid, dim=-1)
+
+
+def kl_estimate(diff: Tensor, estimator: str) -> Tensor:
+    """One of KL_ESTIMATORS of ``d = logp - logp_ref`` (elementwise, any shape; see :func:`kl_penalty`)."""
     if estimator == "k1":
-        per_token = diff
-    elif estimator == "abs":
-        per_token = diff.abs()
-    elif estimator == "k2":
-        per_token = 0.5 * diff.square()
-    else:  # k3
-        per_token = torch.expm1(-diff) + diff
-    return masked_mean(per_token, valid, dim=-1)
+        return diff
+    if estimator == "abs":
+        return diff.abs()
+    if estimator == "k2":
+        return 0.5 * diff.square()
+    if estimator == "k3":
+        return torch.expm1(-diff) + diff
+    raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
 
 
 def rewards_with_kl(rewards: Tensor, kl: Tensor, initial_policy_kl_penalty: float) -> Tensor:
