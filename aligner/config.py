@@ -239,6 +239,17 @@ class ValidationConfig(Section):
         "most 32 characters (a letter, then letters, digits or _).",
     )
 
+    num_samples_per_prompt: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="k: samples per validation prompt. With k > 1 a validation also logs val/pass@1, val/pass@k "
+        "(unbiased estimator, Chen et al. 2021) and val/mean@k; val/rewards stays the mean over all samples.",
+    )
+    pass_threshold: float = Field(
+        1.0, description="A validation sample passes when its reward is at least this (pass@1, pass@k)."
+    )
+
     @field_validator("extra_rewards", mode="before")
     @classmethod
     def _names(cls, value: Any) -> Any:

@@ -46,6 +46,10 @@ IMPORTANCE_WEIGHT_CAPPED = "train_optim/importance_weight_capped"
 VAL_REWARD = "val/rewards"
 VAL_RESPONSE_LENGTH = "val/response_lengths"
 VAL_PROPERLY_ENDED = "val/fraction_of_samples_properly_ended"
+# validation.num_samples_per_prompt (k) samples a prompt: the names are literal ("k", not its value).
+VAL_PASS_AT_1 = "val/pass@1"
+VAL_PASS_AT_K = "val/pass@k"
+VAL_MEAN_AT_K = "val/mean@k"
 GOLD_REWARD_PREFIX = "val/extra_rewards/"
 # PPO and its critic (the critic server trains and answers; the PPO trainer logs)
 VALUES = "train_rollouts/values"
@@ -119,6 +123,7 @@ CHART_ORDER = (
     "Fraction properly ended",
     "Reward-length correlation",
     "Groups with zero reward spread",
+    "Pass@k",
     "Critic loss",
     "Value estimates",
     "Clip fraction",
@@ -188,6 +193,29 @@ _SPECS = (
         "fraction",
         POLICY_TRAINERS,
         chart="Fraction properly ended",
+    ),
+    MetricSpec(
+        VAL_PASS_AT_1,
+        "validation pass@1: a prompt's share of samples whose reward reaches validation.pass_threshold, mean",
+        "fraction of prompts",
+        POLICY_TRAINERS,
+        chart="Pass@k",
+        compare=True,
+    ),
+    MetricSpec(
+        VAL_PASS_AT_K,
+        "validation pass@k (k = validation.num_samples_per_prompt): a prompt with a passing sample, mean",
+        "fraction of prompts",
+        POLICY_TRAINERS,
+        chart="Pass@k",
+        compare=True,
+    ),
+    MetricSpec(
+        VAL_MEAN_AT_K,
+        "validation mean@k: a prompt's mean reward over its k samples, mean",
+        "reward",
+        POLICY_TRAINERS,
+        compare=True,
     ),
     MetricSpec(
         VALUES, "critic's value estimates, mean over tokens", "value", (PPO,), chart="Value estimates", compare=True

@@ -117,7 +117,13 @@ from aligner.trainers.checkpoint import (
 )
 from aligner.trainers.loop import RunClock, adamw, is_save_step, is_validation_step, run_length
 from aligner.trainers.policy_backends import HfBackend, build_backend
-from aligner.trainers.rollout import rollout_metrics, sample_prompt_indices, sample_rows, throughput_metrics
+from aligner.trainers.rollout import (
+    pass_metrics,
+    rollout_metrics,
+    sample_prompt_indices,
+    sample_rows,
+    throughput_metrics,
+)
 from aligner.trainers.run_log import RunLog, Timers
 from aligner.trainers.schedule import lr_scheduler
 from aligner.trainers.signals import stop_on_signals
@@ -851,7 +857,8 @@ class ReinforceTrainer:
         rows, metrics = [], {}
         if indices:
             seed = self.config.seed * 1_000_003 + VALIDATION_SEED_OFFSET + distributed.dp_rank() * RANK_SEED_STRIDE
-            gen = self.generator.generate([self.val_data.token_ids[i] for i in indices], 1, seed)
+            k = self.config.validation.num_samples_per_prompt
+            gen = self.generator.generate([self.val_data.token_ids[i] for i in indices], k, seed)
             prompts, future = self._score(gen, self.val_data, indices)
             extra_futures = {
                 name: self._submit(client, gen, self.val_data, indices)[1]
@@ -868,6 +875,8 @@ class ReinforceTrainer:
                 VAL_PROPERLY_ENDED: gen.is_end.float().mean().item(),
                 **{gold_reward(name): values.mean().item() for name, values in (extra or {}).items()},
             }
+            if k > 1:
+                metrics.update(pass_metrics(rewards, gen.group_ids, k, self.config.validation.pass_threshold))
         self.log.log_samples(distributed.gather_rows(rows))
         metrics = distributed.mean_over_ranks(metrics, weight=len(indices))
         if VAL_REWARD in metrics:

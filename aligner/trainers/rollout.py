@@ -9,6 +9,7 @@ import torch
 
 from aligner import distributed
 from aligner.algorithms.diagnostics import reward_length_correlation, zero_spread_fraction
+from aligner.algorithms.pass_at_k import grouped_mean_at_k, grouped_pass_at_k
 from aligner.generation.generator import GenerationOutput
 from aligner.metrics import (
     INIT_POLICY_KL,
@@ -19,6 +20,9 @@ from aligner.metrics import (
     TRAIN_RESPONSE_LENGTH,
     TRAIN_REWARD,
     TRAIN_REWARD_WITH_KL,
+    VAL_MEAN_AT_K,
+    VAL_PASS_AT_1,
+    VAL_PASS_AT_K,
     ZERO_SPREAD_GROUPS,
 )
 from aligner.modeling.batches import ResponseBatch
@@ -46,6 +50,18 @@ def rollout_metrics(
         TRAIN_RESPONSE_LENGTH: gen.response_lengths.float().mean().item(),
         TRAIN_PROPERLY_ENDED: gen.is_end.float().mean().item(),
         **rollout_diagnostics(gen, rewards),
+    }
+
+
+def pass_metrics(rewards: torch.Tensor, group_ids: torch.Tensor, k: int, threshold: float) -> dict[str, float]:
+    """val/pass@1, val/pass@k and val/mean@k of this rank's validation samples, k a prompt (`group_ids`), means over
+    its prompts (weigh by prompts to average over ranks): a sample passes when its reward is at least `threshold`;
+    pass@k is the unbiased estimator 1 - C(n - c, k) / C(n, k) (aligner/algorithms/pass_at_k.py)."""
+    passed = rewards.detach() >= threshold
+    return {
+        VAL_PASS_AT_1: grouped_pass_at_k(passed, group_ids, 1)[1].mean().item(),
+        VAL_PASS_AT_K: grouped_pass_at_k(passed, group_ids, k)[1].mean().item(),
+        VAL_MEAN_AT_K: grouped_mean_at_k(rewards, group_ids, k)[1].mean().item(),
     }
 
 

@@ -35,6 +35,9 @@ USER_VISIBLE = [
     "val/rewards",
     "val/response_lengths",
     "val/fraction_of_samples_properly_ended",
+    "val/pass@1",
+    "val/pass@k",
+    "val/mean@k",
     "train_rollouts/values",
     "train_rollouts/returns",
     "train_optim/critic_loss",
@@ -89,10 +92,11 @@ def test_every_metric_a_reinforce_run_logs_is_in_the_registry(run_config, traine
     gold = {"varied": {"function": "tests.helpers.rewards:varied_reward"}}
     config = run_config(
         trainer={"max_steps": 2, "val_check_interval": 1, "save_interval": 10, **trainer},
-        validation={"extra_rewards": gold},
+        validation={"extra_rewards": gold, "num_samples_per_prompt": 2},
     )
     keys = logged_keys(train(config).run_dir)
     assert {metrics.TRAIN_REWARD, metrics.VAL_REWARD, metrics.gold_reward("varied"), metrics.TIMER_STEP} <= keys
+    assert {metrics.VAL_PASS_AT_1, metrics.VAL_PASS_AT_K, metrics.VAL_MEAN_AT_K} <= keys
     if trainer:
         assert {metrics.IMPORTANCE_WEIGHT, metrics.TIMER_GENERATE_WAIT} <= keys
     assert unregistered(keys, metrics.REINFORCE) == set()

@@ -379,3 +379,28 @@ def test_nemo_loss_gradient_is_autograd_of_nemos_formula_over_micro_batches(run_
     assert loss == pytest.approx(reference.item(), rel=1e-5)
     for got, expected in zip(grads, (p.grad for p in trainer.policy.parameters())):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_k_validation_samples_a_prompt_give_pass_at_1_pass_at_k_and_mean_at_k(run_config):
+    """validation.num_samples_per_prompt: 3 samples of each validation prompt; the logged pass@1, pass@k and mean@k
+    are those of the validation rows in samples.jsonl, recomputed here per prompt (c passing of n = 3: pass@1 = c/n,
+    pass@3 = 1 if c > 0; a sample passes at reward >= the threshold)."""
+    threshold = 0.1
+    config = run_config(
+        trainer={"max_steps": 1, "val_check_interval": 1, "save_interval": 1, "progress_bar": False},
+        validation={"num_samples_per_prompt": 3, "pass_threshold": threshold},
+    )
+    trainer = train(config)
+    rows = [r for r in read_jsonl(trainer.run_dir / "samples.jsonl") if r["split"] == "validation" and r["step"] == 0]
+    by_prompt: dict[str, list[float]] = {}
+    for row in rows:
+        by_prompt.setdefault(row["prompt"], []).append(row["reward"])
+    assert len(rows) == 3 * len(by_prompt) and all(len(r) == 3 for r in by_prompt.values())
+    passing = [sum(r >= threshold for r in rewards) for rewards in by_prompt.values()]
+    assert 0 < sum(passing) < len(rows), "every sample passing, or none, would not tell pass@1 from pass@k"
+    (first,) = [r for r in read_jsonl(trainer.run_dir / "metrics.jsonl") if r["step"] == 0]
+    assert first[metrics.VAL_PASS_AT_1] == pytest.approx(sum(c / 3 for c in passing) / len(passing))
+    assert first[metrics.VAL_PASS_AT_K] == pytest.approx(sum(c > 0 for c in passing) / len(passing))
+    means = [sum(rewards) / 3 for rewards in by_prompt.values()]
+    assert first[metrics.VAL_MEAN_AT_K] == pytest.approx(sum(means) / len(means))
+    assert first[metrics.VAL_REWARD] == pytest.approx(sum(r["reward"] for r in rows) / len(rows))
