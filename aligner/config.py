@@ -22,6 +22,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from aligner.errors import ConfigError
+from aligner.metrics import GOLD_REWARD_PREFIX, VAL_MEAN_AT_K, VAL_PASS_AT_1, VAL_PASS_AT_K, VAL_REWARD
 
 
 class Section(BaseModel):
@@ -519,6 +520,18 @@ class TrainerConfig(Section):
     num_val_prompts: int | None = Field(None, ge=1, description="Validation prompts used; default: all.")
     train_samples_to_log: int = Field(8, ge=0, description="Train samples written to samples.jsonl per step.")
     keep_checkpoints: int | None = Field(None, ge=1, description="Keep only the newest N checkpoints.")
+    best_metric: str = Field(
+        VAL_REWARD,
+        description="The validation metric, higher being better, whose best value marks the best checkpoint (kept "
+        "by keep_checkpoints, named by checkpoints/best.json): val/rewards, val/pass@1, val/pass@k, val/mean@k "
+        "(validation.num_samples_per_prompt > 1) or a gold reward val/extra_rewards/<name>.",
+    )
+    stop_at_metric: str | None = Field(
+        None,
+        description="A validation metric (as best_metric) that ends the run, succeeded, with a checkpoint and the "
+        "final policy, once a validation reaches stop_at_value.",
+    )
+    stop_at_value: float | None = Field(None, description="The value of stop_at_metric that ends the run (>=).")
     progress_bar: bool = Field(True, description="Show a progress bar on the terminal.")
     async_rollouts: int = Field(
         0,
@@ -539,6 +552,8 @@ class TrainerConfig(Section):
     def _saves_need_validation(self) -> TrainerConfig:
         if self.save_on_validation and self.val_check_interval == 0:
             raise ValueError("save_on_validation needs validation: val_check_interval must be > 0")
+        if (self.stop_at_metric is None) != (self.stop_at_value is None):
+            raise ValueError("stop_at_metric and stop_at_value go together: give both or neither")
         return self
 
 
@@ -826,6 +841,20 @@ def combination_errors(config: TrainConfig) -> list[tuple[str, str]]:
                 "critic.model_path (a reward-model folder `aligner train` starts a critic server from)",
             )
         )
+
+    # Validation metrics a run steers by: each must be one its validations log.
+    passes = (VAL_PASS_AT_1, VAL_PASS_AT_K, VAL_MEAN_AT_K)
+    for name in ("best_metric", "stop_at_metric"):
+        metric = getattr(trainer, name)
+        gold = metric.removeprefix(GOLD_REWARD_PREFIX) if metric and metric.startswith(GOLD_REWARD_PREFIX) else None
+        if metric is None or metric == VAL_REWARD or gold in config.validation.extra_rewards:
+            continue
+        if metric in passes:
+            if config.validation.num_samples_per_prompt < 2:
+                broken.append((f"trainer.{name}", f"{metric} needs validation.num_samples_per_prompt of 2 or more"))
+            continue
+        known = ", ".join([VAL_REWARD, *passes, f"{GOLD_REWARD_PREFIX}<a name of validation.extra_rewards>"])
+        broken.append((f"trainer.{name}", f"{metric!r} is not a validation metric of this run (one of {known})"))
 
     # Precision and parallelism.
     if model.precision == "bf16-mixed" and model.dtype != "float32":

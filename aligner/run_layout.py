@@ -169,7 +169,7 @@ CRITIC_LOG = "critic_server.log"  # in the run folder, when the critic server is
 
 # How a run ended, written once by the trainer when its loop ends (`write_end`) and read by the service's worker
 # (`read_end`), which decides the job's state from it. One of:
-COMPLETED = "completed"  # reached its last step (trainer.max_steps, or fewer by max_epochs): final_policy/ is written
+COMPLETED = "completed"  # reached its last step (max_steps, fewer by max_epochs) or stop_at_value: final_policy/ written
 MAX_TIME = "max_time"  # trainer.max_time was up: stopped at a step boundary with a checkpoint; --resume continues
 STOPPED = "stopped"  # asked to stop (SIGTERM, a first Ctrl-C, a cancel): stopped at a step boundary with a checkpoint
 SERVER_UNAVAILABLE = "server_unavailable"  # a reward or critic server stayed away past its unavailable_timeout_s

@@ -175,6 +175,7 @@ class ReinforceTrainer:
         self.ahead: PendingGeneration | None = None  # trainer.async_rollouts: the next step's samples, under way
         self._background: ThreadPoolExecutor | None = None  # ... and the thread that generates them
         self._time_up: str | None = None  # trainer.max_time stopped this launch: the message saying so
+        self._goal: str | None = None  # trainer.stop_at_metric ended the run: the message saying so
         self.end: RunEnd | None = None  # how `fit` ended (run_layout.END_FILE)
 
     # ----------------------------------------------------------------------------------------------- setup
@@ -323,7 +324,7 @@ class ReinforceTrainer:
         """Train to `total_steps` (trainer.max_steps, or fewer by trainer.max_epochs), or stop early with a checkpoint
         (as a cancel would) at `until_step` or once this launch has run `trainer.max_time`. However it ends, the end
         record says how (`self.end`, run_layout.END_FILE)."""
-        self._time_up = None
+        self._time_up = self._goal = None
         try:
             self._train(until_step)
         except ServerUnavailableError as err:
@@ -336,7 +337,9 @@ class ReinforceTrainer:
         except BaseException as err:
             self._end(FAILED, disk_full_message(err) or f"{type(err).__name__}: {err}", failing=True)
             raise
-        if self.step >= self.total_steps:
+        if self._goal is not None:
+            self._end(COMPLETED, f"{self._goal} at step {self.step}: final policy in {FINAL_POLICY_DIR}/")
+        elif self.step >= self.total_steps:
             self._end(
                 COMPLETED, f"completed step {self.step} of {self.total_steps}: final policy in {FINAL_POLICY_DIR}/"
             )
@@ -421,6 +424,11 @@ class ReinforceTrainer:
                     self.request_stop()
                 if out_of_time:
                     self._stop_for_time(cfg.max_time)
+                if self._reached_goal(metrics):
+                    value = f"{cfg.stop_at_metric} {metrics[cfg.stop_at_metric]:.4g}"
+                    self._goal = f"{value} reached trainer.stop_at_value {cfg.stop_at_value:g}"
+                    self.log.log_event(self.step, f"{self._goal} at step {self.step}: the run ends")
+                    total = self.step  # the run is done: checkpointed below, its final policy exported
                 stop = distributed.any_rank(self._stop_requested)
                 # A validation that beats the best so far is checkpointed at once, so the best policy is kept.
                 if is_save_step(self.step, cfg, total) or stop or self._validated_new_best():
@@ -879,8 +887,8 @@ class ReinforceTrainer:
                 metrics.update(pass_metrics(rewards, gen.group_ids, k, self.config.validation.pass_threshold))
         self.log.log_samples(distributed.gather_rows(rows))
         metrics = distributed.mean_over_ranks(metrics, weight=len(indices))
-        if VAL_REWARD in metrics:
-            self.last_validation = (self.step, metrics[VAL_REWARD])
+        if self.config.trainer.best_metric in metrics:
+            self.last_validation = (self.step, metrics[self.config.trainer.best_metric])
         return metrics
 
     # ----------------------------------------------------------------------------------------------- checkpoints
@@ -930,14 +938,23 @@ class ReinforceTrainer:
         return final
 
     def _validated_new_best(self) -> bool:
+        """Whether this step's validation beats the best (by trainer.best_metric; a best of another metric, from a
+        checkpoint of a run that steered by it, is beaten by any value)."""
         if self.last_validation is None or self.last_validation[0] != self.step:
             return False
-        return self.best is None or self.last_validation[1] > self.best[VAL_REWARD]
+        best = None if self.best is None else self.best.get(self.config.trainer.best_metric)
+        return best is None or self.last_validation[1] > best
 
     def _update_best(self) -> None:
         """The checkpoint being saved becomes the best when it was validated at this step and beats the best."""
         if self._validated_new_best():
-            self.best = {"step": self.step, VAL_REWARD: self.last_validation[1]}
+            self.best = {"step": self.step, self.config.trainer.best_metric: self.last_validation[1]}
+
+    def _reached_goal(self, metrics: dict[str, float]) -> bool:
+        """trainer.stop_at_metric reached stop_at_value at this step's validation (the same on every rank)."""
+        cfg = self.config.trainer
+        value = metrics.get(cfg.stop_at_metric) if cfg.stop_at_metric else None
+        return value is not None and value >= cfg.stop_at_value
 
     def _save_extra(self, folder: Path) -> None:
         """Hook for subclasses: write more into the checkpoint folder before it is complete (PPO: the critic)."""

@@ -314,3 +314,22 @@ def test_an_algorithm_preset_sets_its_knobs_and_an_explicit_knob_wins(tmp_path):
     # The resolved config, saved with every run, shows the values used and loads back to the same.
     assert ReinforceConfig(**grpo.model_dump()) == grpo
     assert ReinforceConfig(algorithm="dr_grpo").loss_aggregation == "seq_mean_token_sum_norm"
+
+
+def test_the_metrics_a_run_steers_by_must_be_its_own_validation_metrics():
+    from aligner.config import TrainConfig
+
+    base = {"model": {"policy_path": "p"}, "data": {"train_file": "t", "val_file": "v"}, "reward": {"function": "m:f"}}
+
+    def config(trainer: dict, validation: dict | None = None) -> TrainConfig:
+        return TrainConfig(**base, trainer=trainer, validation=validation or {})
+
+    with pytest.raises(ValueError, match="val/pass@1 needs validation.num_samples_per_prompt of 2 or more"):
+        config({"best_metric": "val/pass@1"})
+    assert config({"best_metric": "val/pass@1"}, {"num_samples_per_prompt": 4}).trainer.best_metric == "val/pass@1"
+    goal = {"stop_at_metric": "val/extra_rewards/rule", "stop_at_value": 0.9}
+    with pytest.raises(ValueError, match="'val/extra_rewards/rule' is not a validation metric of this run"):
+        config(goal)
+    assert config(goal, {"extra_rewards": {"rule": {"function": "m:f"}}}).trainer.stop_at_value == 0.9
+    with pytest.raises(ValueError, match="stop_at_metric and stop_at_value go together"):
+        config({"stop_at_metric": "val/rewards"})

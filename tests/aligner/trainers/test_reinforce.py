@@ -1,3 +1,4 @@
+import json
 import math
 import shutil
 from pathlib import Path
@@ -404,3 +405,26 @@ def test_k_validation_samples_a_prompt_give_pass_at_1_pass_at_k_and_mean_at_k(ru
     means = [sum(rewards) / 3 for rewards in by_prompt.values()]
     assert first[metrics.VAL_MEAN_AT_K] == pytest.approx(sum(means) / len(means))
     assert first[metrics.VAL_REWARD] == pytest.approx(sum(r["reward"] for r in rows) / len(rows))
+
+
+def test_best_metric_marks_the_best_checkpoint_and_stop_at_value_ends_the_run_completed(run_config):
+    """trainer.best_metric val/pass@k marks best.json by it; trainer.stop_at_metric ends the run, completed, with a
+    checkpoint and the final policy, at the first validation reaching stop_at_value (0: the first one after step 0,
+    as a validation at step 0 only records where the run starts)."""
+    from aligner.metrics import VAL_PASS_AT_K
+    from aligner.run_layout import BEST_FILE, COMPLETED, FINAL_POLICY_DIR
+
+    config = run_config(
+        trainer={"max_steps": 6, "val_check_interval": 2, "save_interval": 6, "progress_bar": False,
+                 "best_metric": VAL_PASS_AT_K, "stop_at_metric": VAL_PASS_AT_K, "stop_at_value": 0.0},
+        validation={"num_samples_per_prompt": 2, "pass_threshold": 0.05},
+    )  # fmt: skip
+    trainer = train(config)
+    assert trainer.step == 2 and read_end(trainer.run_dir).end == COMPLETED, read_end(trainer.run_dir)
+    assert "reached trainer.stop_at_value" in read_end(trainer.run_dir).message
+    assert [c.name for c in list_checkpoints(trainer.run_dir)] == [checkpoint_name(2)]
+    assert (trainer.run_dir / FINAL_POLICY_DIR / "config.json").is_file()
+    best = json.loads((trainer.run_dir / CHECKPOINT_DIR / BEST_FILE).read_text())
+    assert best["step"] == 2 and set(best) == {"step", VAL_PASS_AT_K, "path"}
+    events = read_jsonl(trainer.run_dir / EVENTS_FILE)
+    assert any("reached trainer.stop_at_value" in e["message"] and e["step"] == 2 for e in events)
