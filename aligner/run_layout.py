@@ -6,7 +6,8 @@ loading torch.
     run_dir/checkpoints/step_000012/critic/            PPO: the critic saved with that step
     run_dir/checkpoints/step_000012/manifest.json      size and CRC-32 of every other file, written last
     run_dir/checkpoints/step_000010.damaged/           a checkpoint that failed verification, set aside
-    run_dir/checkpoints/best.json                      the best validation checkpoint
+    run_dir/checkpoints/best.json                      the best validation checkpoint (by trainer.best_metric)
+    run_dir/best_policy/                               its policy as a Hugging Face folder
     run_dir/end.json                                   how the run ended (`RunEnd`), written once at its end
 
 Every file of a checkpoint is fsync'd, then its manifest, then the folder, before the rename
@@ -27,7 +28,7 @@ from aligner.durable import CHECKSUM, file_checksum, replace_durably, write_text
 
 CHECKPOINT_DIR = "checkpoints"
 STATE_FILE = "trainer_state.pt"
-BEST_FILE = "best.json"  # in checkpoints/: {step, val/rewards, path} of the best checkpoint
+BEST_FILE = "best.json"  # in checkpoints/: {step, <trainer.best_metric>: value, path} of the best checkpoint
 CRITIC_DIR = "critic"  # in a checkpoint folder: the critic server's critic_save output
 MANIFEST_FILE = "manifest.json"  # in a checkpoint folder: {"checksum": "crc32", "files": {path: {"size", "crc32"}}}
 DAMAGED_SUFFIX = ".damaged"  # step_N.damaged: set aside by resume_checkpoint; never listed, pruned or resumed
@@ -161,6 +162,7 @@ MLFLOW_DB_FILE = "mlflow.db"
 MLFLOW_RUN_ID_FILE = "mlflow_run_id"
 
 FINAL_POLICY_DIR = "final_policy"
+BEST_POLICY_DIR = "best_policy"  # the best checkpoint's policy, exported as final_policy is (written when it is saved)
 ADAPTER_DIR = "adapter"  # in a checkpoint, instead of "policy", with model.lora
 MEGATRON_OPTIMIZER_FILE = "megatron_optimizer_rank{rank:05d}.pt"  # model.backend=megatron: one per rank
 
@@ -169,7 +171,7 @@ CRITIC_LOG = "critic_server.log"  # in the run folder, when the critic server is
 
 # How a run ended, written once by the trainer when its loop ends (`write_end`) and read by the service's worker
 # (`read_end`), which decides the job's state from it. One of:
-COMPLETED = "completed"  # reached its last step (max_steps, fewer by max_epochs) or stop_at_value: final_policy/ written
+COMPLETED = "completed"  # its last step done, or trainer.stop_at_value reached: final_policy/ is written
 MAX_TIME = "max_time"  # trainer.max_time was up: stopped at a step boundary with a checkpoint; --resume continues
 STOPPED = "stopped"  # asked to stop (SIGTERM, a first Ctrl-C, a cancel): stopped at a step boundary with a checkpoint
 SERVER_UNAVAILABLE = "server_unavailable"  # a reward or critic server stayed away past its unavailable_timeout_s

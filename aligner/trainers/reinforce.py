@@ -42,6 +42,7 @@ from aligner.algorithms.reinforce import (
 )
 from aligner.config import TrainConfig, save_config
 from aligner.data.prompts import PromptDataset, PromptSampler, build_prompt_dataset, read_prompt_file
+from aligner.durable import replace_durably
 from aligner.errors import ConfigError, RunDirError, ServerUnavailableError, disk_full_message
 from aligner.generation.engines import build_generator
 from aligner.generation.generator import GenerationOutput, _concat, resolve_compile
@@ -87,6 +88,7 @@ from aligner.rewards.build import build_reward_client
 from aligner.rewards.http import ServerWait
 from aligner.run_layout import (
     BEST_FILE,
+    BEST_POLICY_DIR,
     CHECKPOINT_DIR,
     COMPLETED,
     FAILED,
@@ -906,6 +908,13 @@ class ReinforceTrainer:
         distributed.barrier()
         with writing_checkpoint(tmp, self.step):
             backend_state = self.backend.save(tmp, self.optimizer, self.tokenizer)  # every rank writes its part
+        new_best = self.best is not None and self.best["step"] == self.step  # alike on every rank
+        best_tmp = self.run_dir / (BEST_POLICY_DIR + ".tmp")
+        if new_best:  # every rank: the export gathers shards
+            if distributed.is_main():
+                shutil.rmtree(best_tmp, ignore_errors=True)
+            distributed.barrier()
+            self.backend.export(best_tmp, self.tokenizer)
         distributed.barrier()
         if not distributed.is_main():
             distributed.barrier()
@@ -927,8 +936,10 @@ class ReinforceTrainer:
             save_config(self.config, tmp / "config.yaml")
             # After the barrier above every rank's file is in `tmp`: the manifest covers them all.
             commit_checkpoint(tmp, final)
-        if self.best and self.best["step"] == self.step:
+        if new_best:
             write_json_atomic(final.parent / BEST_FILE, {**self.best, "path": final.name})
+            shutil.rmtree(self.run_dir / BEST_POLICY_DIR, ignore_errors=True)
+            replace_durably(best_tmp, self.run_dir / BEST_POLICY_DIR)
         keep = self.config.trainer.keep_checkpoints
         if keep:
             best = self.best and final.with_name(checkpoint_name(self.best["step"]))

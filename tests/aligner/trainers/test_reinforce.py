@@ -408,11 +408,12 @@ def test_k_validation_samples_a_prompt_give_pass_at_1_pass_at_k_and_mean_at_k(ru
 
 
 def test_best_metric_marks_the_best_checkpoint_and_stop_at_value_ends_the_run_completed(run_config):
-    """trainer.best_metric val/pass@k marks best.json by it; trainer.stop_at_metric ends the run, completed, with a
-    checkpoint and the final policy, at the first validation reaching stop_at_value (0: the first one after step 0,
-    as a validation at step 0 only records where the run starts)."""
+    """trainer.best_metric val/pass@k marks best.json by it and best_policy/ holds that checkpoint's policy;
+    trainer.stop_at_metric ends the run, completed, with a checkpoint and the final policy, at the first validation
+    reaching stop_at_value (0: the first one after step 0, as a validation at step 0 only records where the run
+    starts)."""
     from aligner.metrics import VAL_PASS_AT_K
-    from aligner.run_layout import BEST_FILE, COMPLETED, FINAL_POLICY_DIR
+    from aligner.run_layout import BEST_FILE, BEST_POLICY_DIR, COMPLETED, FINAL_POLICY_DIR
 
     config = run_config(
         trainer={"max_steps": 6, "val_check_interval": 2, "save_interval": 6, "progress_bar": False,
@@ -426,5 +427,11 @@ def test_best_metric_marks_the_best_checkpoint_and_stop_at_value_ends_the_run_co
     assert (trainer.run_dir / FINAL_POLICY_DIR / "config.json").is_file()
     best = json.loads((trainer.run_dir / CHECKPOINT_DIR / BEST_FILE).read_text())
     assert best["step"] == 2 and set(best) == {"step", VAL_PASS_AT_K, "path"}
+    # best_policy/ holds the best step's weights as a Hugging Face folder: here the final policy's, step 2's.
+    exported = {name: load_file(trainer.run_dir / folder / "model.safetensors") for name, folder in
+                (("best", BEST_POLICY_DIR), ("final", FINAL_POLICY_DIR))}  # fmt: skip
+    assert exported["best"].keys() == exported["final"].keys()
+    assert all(torch.equal(exported["best"][k], exported["final"][k]) for k in exported["final"])
+    assert not (trainer.run_dir / (BEST_POLICY_DIR + ".tmp")).exists()
     events = read_jsonl(trainer.run_dir / EVENTS_FILE)
     assert any("reached trainer.stop_at_value" in e["message"] and e["step"] == 2 for e in events)
