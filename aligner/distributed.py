@@ -261,28 +261,32 @@ def global_whiten(values: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
         from aligner.algorithms.reinforce import advantages_from_baseline
 
         return advantages_from_baseline(values, torch.zeros_like(values), normalize=True, eps=eps)
-    # Only one rank per model-parallel group counts (the others hold the same values).
-    x = values.to(torch.float64) if is_dp_leader() else values.new_zeros(0, dtype=torch.float64)
-    stats = all_reduce_sum(torch.stack([x.sum(), torch.tensor(float(x.numel()), dtype=x.dtype, device=x.device)]))
-    count = stats[1].clamp_min(1)
-    mean = stats[0] / count
-    centered = x - mean
-    if stats[1] <= 1:
+    count, mean, squares = _global_moments(values)
+    if count <= 1:
         return (values.to(torch.float64) - mean).to(values.dtype)
-    var = all_reduce_sum(centered.pow(2).sum()) / count
-    return ((values.to(torch.float64) - mean) / (var.sqrt() + eps)).to(values.dtype)
+    return ((values.to(torch.float64) - mean) / ((squares / count).sqrt() + eps)).to(values.dtype)
 
 
 def global_std(values: torch.Tensor) -> torch.Tensor:
     """The unbiased standard deviation of `values` over every rank's elements (a float64 0-dim tensor; 0 for fewer
     than two elements): what one process computes on the concatenated global batch, to float rounding."""
+    count, _, squares = _global_moments(values)
+    if count < 2:
+        return torch.zeros((), dtype=torch.float64, device=values.device)
+    return (squares / (count - 1)).sqrt()
+
+
+def _global_moments(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(count, mean, sum of squared deviations from the mean) of `values` over every rank's elements, in float64
+    (mean 0 for none; the squares, a second all-reduce, only when the global count exceeds 1, else 0)."""
     # Only one rank per model-parallel group counts (the others hold the same values).
     x = values.to(torch.float64) if is_dp_leader() else values.new_zeros(0, dtype=torch.float64)
     stats = all_reduce_sum(torch.stack([x.sum(), torch.tensor(float(x.numel()), dtype=x.dtype, device=x.device)]))
     count = stats[1]
-    if count < 2:
-        return torch.zeros((), dtype=torch.float64, device=values.device)
-    return (all_reduce_sum((x - stats[0] / count).pow(2).sum()) / (count - 1)).sqrt()
+    mean = stats[0] / count.clamp_min(1)
+    if count <= 1:
+        return count, mean, torch.zeros_like(mean)
+    return count, mean, all_reduce_sum((x - mean).pow(2).sum())
 
 
 def all_reduce_gradients(parameters) -> None:
