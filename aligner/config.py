@@ -341,6 +341,7 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
         "baseline": "group_mean",
         "scale_rewards": "group",
         "loss_aggregation": "seq_mean",
+        "policy_loss": "clip",
         "kl_in": "loss",
         "kl_estimator": "k3",
         "initial_policy_kl_penalty": 0.04,
@@ -349,20 +350,76 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
         "baseline": "group_mean",
         "scale_rewards": "none",
         "loss_aggregation": "seq_mean_token_sum_norm",
+        "policy_loss": "clip",
         "initial_policy_kl_penalty": 0.0,
     },
+    "dapo": {
+        "baseline": "group_mean",
+        "scale_rewards": "group",
+        "loss_aggregation": "token_mean",
+        "policy_loss": "clip",
+        "epsilon_low": 0.2,
+        "epsilon_high": 0.28,
+        "initial_policy_kl_penalty": 0.0,
+        "dynamic_sampling": True,
+        "overlong_penalty": 1.0,
+    },
+    "gspo": {
+        "baseline": "group_mean",
+        "scale_rewards": "group",
+        "loss_aggregation": "seq_mean",
+        "policy_loss": "clip",
+        "importance_level": "sequence",
+        "epsilon_low": 3e-4,
+        "epsilon_high": 4e-4,
+        "num_mini_batches": 4,
+        "kl_in": "loss",
+        "kl_estimator": "k3",
+        "initial_policy_kl_penalty": 0.04,
+    },
+    "cispo": {
+        "baseline": "group_mean",
+        "scale_rewards": "group",
+        "loss_aggregation": "token_mean",
+        "policy_loss": "cispo",
+        "epsilon_low": 1.0,
+        "epsilon_high": 0.28,
+        "initial_policy_kl_penalty": 0.0,
+    },
+    "reinforce_pp": {
+        "advantage_estimator": "reinforce_pp",
+        "baseline": "none",
+        "scale_rewards": "none",
+        "loss_aggregation": "token_mean",
+        "policy_loss": "clip",
+        "kl_in": "reward",
+        "kl_estimator": "k1",
+    },
 }
+# One line on what each preset is for: the New job form and `aligner train --help` show it.
+ALGORITHM_SUMMARIES: dict[str, str] = {
+    "rloo": "NeMo-Aligner's REINFORCE with a leave-one-out baseline: the default, steady on small batches",
+    "nemo": "NeMo-Aligner's REINFORCE loss exactly, to reproduce its runs",
+    "grpo": "DeepSeekMath's GRPO: group-normalised advantages, a clipped ratio, KL to the reference in the loss",
+    "dr_grpo": "Dr. GRPO: GRPO without the length and std biases, no KL; for long reasoning answers",
+    "dapo": "DAPO: clip-higher, token-level loss, only groups with reward spread, a soft length penalty",
+    "gspo": "GSPO: one clipped importance ratio per sequence, four mini-batches a rollout; for stability",
+    "cispo": "CISPO: clipped, stop-gradient importance weights, so every token keeps its gradient",
+    "reinforce_pp": "REINFORCE++: per-token KL in the reward, advantages whitened over the batch; no groups needed",
+}
+# A fifth of generation.max_new_tokens is DAPO's overlong buffer (4,096 of 20,480 tokens), when none is given.
+DAPO_OVERLONG_SHARE = 0.2
 
 
 class ReinforceConfig(Section):
     """The REINFORCE / RLOO algorithm and the GRPO family. Defaults follow NeMo-Aligner; every departure is an option,
     and `algorithm` names a preset of them (ALGORITHM_PRESETS; a knob given explicitly wins)."""
 
-    algorithm: Literal["rloo", "nemo", "grpo", "dr_grpo"] = Field(
+    algorithm: Literal["rloo", "nemo", "grpo", "dr_grpo", "dapo", "gspo", "cispo", "reinforce_pp"] = Field(
         "rloo",
         description="A preset of the knobs below, as its paper sets them: rloo (NeMo-Aligner's REINFORCE with RLOO, "
-        "the defaults), nemo (its loss exactly), grpo (group mean / std advantages, KL to the reference in the "
-        "loss), dr_grpo (group mean, no std, a constant-length sequence sum); docs/training.md lists each knob.",
+        "the defaults), nemo (its loss exactly), grpo, dr_grpo, dapo, gspo, cispo, reinforce_pp; a knob given "
+        "explicitly wins. docs/training.md lists each preset's knobs and sources.",
     )
     num_prompts_per_step: int = Field(8, ge=1, description="Distinct prompts per step (global over processes).")
     num_rollouts_per_prompt: int = Field(4, ge=1, description="Samples per prompt; RLOO needs at least 2.")
@@ -389,6 +446,69 @@ class ReinforceConfig(Section):
         "(batch), or not (none); a group without spread gets advantage 0.",
     )
     normalize_advantages: bool = Field(False, description="Whiten advantages over the batch.")
+    advantage_estimator: Literal["baseline", "reinforce_pp"] = Field(
+        "baseline",
+        description="baseline: each sample's reward less `baseline`, scaled by `scale_rewards`; reinforce_pp: "
+        "REINFORCE++'s per-token advantages, the per-token KL (kl_estimator, kl_in: reward) folded into the reward, "
+        "returns whitened over every valid token of the step.",
+    )
+    policy_loss: Literal["reinforce", "clip", "cispo"] = Field(
+        "reinforce",
+        description="reinforce: -A log pi (NeMo-Aligner); clip: PPO's clipped ratio to the rollout's policy "
+        "(epsilon_low / epsilon_high, dual_clip); cispo: the clipped ratio as a stop-gradient weight of -A log pi, "
+        "so every token keeps its gradient.",
+    )
+    num_epochs: int = Field(
+        1,
+        ge=1,
+        description="Passes over each rollout (each of num_mini_batches optimiser steps): with more than one, the "
+        "rollout is reused PPO-style, which needs policy_loss clip or cispo.",
+    )
+    epsilon_low: float = Field(0.2, gt=0, description="Clip of the ratio below: 1 - epsilon_low.")
+    epsilon_high: float | None = Field(
+        None, gt=0, description="Clip of the ratio above: 1 + epsilon_high (DAPO's clip-higher); default epsilon_low."
+    )
+    dual_clip: float | None = Field(
+        None,
+        gt=1,
+        description="Dual clip c (> 1): for negative advantages the loss is at most -A * c (policy_loss: clip).",
+    )
+    importance_level: Literal["token", "sequence"] = Field(
+        "token",
+        description="The ratio per token, or per sample as exp of its tokens' mean log ratio (GSPO).",
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO: drop prompt groups whose rewards have no spread and sample more prompts until the step "
+        "has num_prompts_per_step groups with spread (at most max_sampling_rounds more rounds).",
+    )
+    max_sampling_rounds: int = Field(
+        3, ge=0, description="dynamic_sampling: the most extra rounds of num_prompts_per_step prompts a step samples."
+    )
+    overlong_buffer: int | None = Field(
+        None,
+        ge=0,
+        description="DAPO's soft overlong penalty: responses in the last overlong_buffer tokens before "
+        "generation.max_new_tokens lose up to overlong_penalty, linearly. Default: a fifth of max_new_tokens with "
+        "algorithm dapo, else 0 (off).",
+    )
+    overlong_penalty: float = Field(1.0, ge=0, description="The largest overlong penalty (at max_new_tokens).")
+    rollout_correction: Literal["none", "tis", "mis"] | None = Field(
+        None,
+        description="Correct for the engine's log-probs differing from the trainer's (another engine, bf16 "
+        "generation, async rollouts): tis truncates the importance weight at rollout_correction_cap, mis masks "
+        "tokens or samples outside [rollout_correction_min, rollout_correction_cap]. Default: tis with "
+        "trainer.async_rollouts, else none.",
+    )
+    rollout_correction_cap: float = Field(
+        2.0,
+        gt=0,
+        description="Upper bound of the rollout correction's importance weight (the former importance_weight_cap).",
+    )
+    rollout_correction_min: float = Field(0.0, ge=0, description="Lower bound (mis masks below it; tis clips).")
+    rollout_correction_level: Literal["token", "sequence"] = Field(
+        "token", description="Weights per token, or per sample (the product of its tokens' ratios)."
+    )
     dynamic_batching: bool = Field(
         False,
         description="Under torchrun, ranks take chunks of prompts from a shared queue instead of fixed shares, so a "
@@ -418,12 +538,6 @@ class ReinforceConfig(Section):
         "each, advantages computed once (NeMo-Aligner's rollout size / global_batch_size). The LR schedule still "
         "moves once per rollout step.",
     )
-    importance_weight_cap: float = Field(
-        2.0,
-        gt=0,
-        description="trainer.async_rollouts: the loss's per-token importance weight pi(y_t) / pi_behaviour(y_t) "
-        "is capped at this (truncated importance sampling; the sampling policy is one update behind).",
-    )
     use_generation_logprobs: bool = Field(
         True,
         description="Take the policy's log-probs from the sampling pass (exact: one optimiser step per rollout) "
@@ -433,7 +547,11 @@ class ReinforceConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _preset(cls, data: Any) -> Any:
-        """The algorithm's preset under the knobs given: a knob set explicitly keeps its value."""
+        """The algorithm's preset under the knobs given: a knob set explicitly keeps its value. A config of an
+        earlier version names rollout_correction_cap importance_weight_cap."""
+        if isinstance(data, dict) and "importance_weight_cap" in data:
+            data = dict(data)
+            data.setdefault("rollout_correction_cap", data.pop("importance_weight_cap"))
         if isinstance(data, dict) and data.get("algorithm", "rloo") in ALGORITHM_PRESETS:
             return {**ALGORITHM_PRESETS[data.get("algorithm", "rloo")], **data}
         return data
@@ -791,6 +909,13 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _combinations(self) -> TrainConfig:
+        reinforce = self.reinforce
+        # Defaults that depend on another section, resolved so the saved config shows the values used.
+        if reinforce.overlong_buffer is None:
+            dapo = reinforce.algorithm == "dapo"
+            reinforce.overlong_buffer = int(self.generation.max_new_tokens * DAPO_OVERLONG_SHARE) if dapo else 0
+        if reinforce.rollout_correction is None:
+            reinforce.rollout_correction = "tis" if self.trainer.async_rollouts else "none"
         broken = combination_errors(self)
         if broken:
             raise ValidationError.from_exception_data(
@@ -884,6 +1009,16 @@ def combination_errors(config: TrainConfig) -> list[tuple[str, str]]:
             and reinforce.loss_aggregation not in ("token_mean", "seq_mean"),
             "reinforce.kl_in: loss (Megatron's loss is the policy's alone; keep the KL in the reward)": not ppo
             and reinforce.kl_in == "loss",
+            f"reinforce.policy_loss: {reinforce.policy_loss} (Megatron's loss is REINFORCE's): set it to "
+            "reinforce": not ppo and reinforce.policy_loss != "reinforce",
+            "reinforce.advantage_estimator: reinforce_pp (Megatron takes one advantage a sample)": not ppo
+            and reinforce.advantage_estimator != "baseline",
+            f"reinforce.num_epochs: {reinforce.num_epochs} (Megatron takes one optimiser step per rollout)": not ppo
+            and reinforce.num_epochs > 1,
+            f"reinforce.rollout_correction: {reinforce.rollout_correction} (Megatron's loss has no importance "
+            "weights)": not ppo
+            and reinforce.rollout_correction not in ("none", None)
+            and not trainer.async_rollouts,  # which says so itself
             f"reinforce.num_mini_batches: {reinforce.num_mini_batches} (Megatron takes one optimiser step per "
             "rollout): set it to 1": not ppo and reinforce.num_mini_batches > 1,
             # The ranks of one model-parallel group must see the same prompts; the queue deals chunks to single ranks.
@@ -903,6 +1038,77 @@ def combination_errors(config: TrainConfig) -> list[tuple[str, str]]:
         broken.append(
             ("algorithm", "ppo cannot be combined with model.backend: megatron (PPO trains with backend hf)")
         )
+
+    # The GRPO family's knobs (reinforce.algorithm's presets set them; docs/training.md).
+    if not ppo:
+        ratio = reinforce.policy_loss != "reinforce"
+        if reinforce.num_epochs > 1 and not ratio:
+            broken.append(
+                (
+                    "reinforce.num_epochs",
+                    f"{reinforce.num_epochs} passes reuse each rollout, which needs the ratio to the rollout's "
+                    "policy: set reinforce.policy_loss to clip or cispo",
+                )
+            )
+        if reinforce.advantage_estimator == "reinforce_pp":
+            if not ratio:
+                broken.append(
+                    (
+                        "reinforce.advantage_estimator",
+                        "reinforce_pp's per-token advantages go with reinforce.policy_loss clip or cispo",
+                    )
+                )
+            if reinforce.kl_in != "reward" or reinforce.loss_aggregation == "nemo":
+                broken.append(
+                    (
+                        "reinforce.advantage_estimator",
+                        "reinforce_pp folds the KL into the per-token reward: it needs reinforce.kl_in: reward and "
+                        "a loss_aggregation other than nemo",
+                    )
+                )
+        if reinforce.dual_clip is not None and reinforce.policy_loss != "clip":
+            broken.append(("reinforce.dual_clip", f"needs reinforce.policy_loss: clip (not {reinforce.policy_loss})"))
+        if ratio and reinforce.loss_aggregation == "nemo":
+            broken.append(
+                (
+                    "reinforce.policy_loss",
+                    f"{reinforce.policy_loss} cannot be combined with reinforce.loss_aggregation: nemo "
+                    "(NeMo-Aligner's loss is REINFORCE's): choose token_mean, seq_mean or a sequence sum",
+                )
+            )
+        if reinforce.rollout_correction_min > reinforce.rollout_correction_cap:
+            broken.append(
+                (
+                    "reinforce.rollout_correction_min",
+                    f"{reinforce.rollout_correction_min} exceeds reinforce.rollout_correction_cap "
+                    f"({reinforce.rollout_correction_cap})",
+                )
+            )
+        if reinforce.overlong_buffer and reinforce.overlong_buffer > config.generation.max_new_tokens:
+            broken.append(
+                (
+                    "reinforce.overlong_buffer",
+                    f"{reinforce.overlong_buffer} exceeds generation.max_new_tokens "
+                    f"({config.generation.max_new_tokens})",
+                )
+            )
+        if reinforce.dynamic_sampling:
+            refused = {
+                "reinforce.num_rollouts_per_prompt: 1 (a group of one sample has no spread)": (
+                    reinforce.num_rollouts_per_prompt < 2
+                ),
+                "reinforce.dynamic_batching (the queue deals prompts before their rewards are known)": (
+                    reinforce.dynamic_batching
+                ),
+                "trainer.async_rollouts (the next step's prompts are drawn before this step's rewards are known)": (
+                    trainer.async_rollouts > 0
+                ),
+            }
+            broken += [
+                ("reinforce.dynamic_sampling", f"true cannot be combined with {what}")
+                for what, bad in refused.items()
+                if bad
+            ]
 
     # Generation.
     if config.generation.engine == "vllm" and model.lora.r > 0:

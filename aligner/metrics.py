@@ -12,6 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# A mismatch KL (k3, per token) above this makes the rollout correction worth switching on: the bf16 engines the
+# peers measured sit at 1e-4 to 1e-3 and train stably uncorrected; above 1e-3 the ratio's spread grows with the
+# response length (docs/training.md "Rollout correction").
+MISMATCH_KL_WORTH_CORRECTING = 1e-3
+
 # Which trainer logs a metric.
 REINFORCE, PPO, REWARD_MODEL = "reinforce", "ppo", "reward_model"
 POLICY_TRAINERS = (REINFORCE, PPO)
@@ -36,12 +41,28 @@ INIT_POLICY_KL = "train_rollouts/init_policy_kl"
 BASELINE = "train_rollouts/baseline"
 TRAIN_RESPONSE_LENGTH = "train_rollouts/response_lengths"
 TRAIN_PROPERLY_ENDED = "train_rollouts/fraction_of_samples_properly_ended"
+# The policy's per-token entropy, estimated from the sampled tokens (-log pi(y_t)): no logits needed.
+ROLLOUT_ENTROPY = "train_rollouts/entropy"
+# Engine against trainer log-probs of the sampled tokens (aligner/algorithms/rollout_correction.py).
+MISMATCH_KL = "train_rollouts/mismatch_kl"
+MISMATCH_PPL_RATIO = "train_rollouts/mismatch_ppl_ratio"
+ROLLOUT_CORRECTED = "train_rollouts/rollout_corrected"  # share truncated (tis) or masked (mis)
+# reinforce.dynamic_sampling and the overlong penalty (DAPO)
+DROPPED_GROUPS = "train_rollouts/dropped_groups"
+SAMPLING_ROUNDS = "train_rollouts/sampling_rounds"
+OVERLONG_PENALTY = "train_rollouts/overlong_penalty"
 # Optimisation
 LOSS = "train_optim/loss"
 GRAD_NORM = "train_optim/grad_norm"
 LR = "train_optim/lr"
 IMPORTANCE_WEIGHT = "train_optim/importance_weight"
 IMPORTANCE_WEIGHT_CAPPED = "train_optim/importance_weight_capped"
+# The ratio to the rollout's policy (reinforce.policy_loss clip / cispo): its statistics and the clipped shares
+RATIO_MEAN = "train_optim/ratio_mean"
+RATIO_MIN = "train_optim/ratio_min"
+RATIO_MAX = "train_optim/ratio_max"
+CLIP_FRACTION_LOW = "train_optim/clip_fraction_low"
+CLIP_FRACTION_HIGH = "train_optim/clip_fraction_high"
 # Validation; each gold reward of `validation.extra_rewards` as GOLD_REWARD_PREFIX + its name
 VAL_REWARD = "val/rewards"
 VAL_RESPONSE_LENGTH = "val/response_lengths"
@@ -127,6 +148,8 @@ CHART_ORDER = (
     "Critic loss",
     "Value estimates",
     "Clip fraction",
+    "Importance ratio",
+    "Engine-trainer mismatch",
     "Entropy",
     "Throughput: tokens",
     "Throughput: samples",
@@ -223,8 +246,69 @@ _SPECS = (
     MetricSpec(RETURNS, "GAE returns, mean over tokens", "value", (PPO,)),
     MetricSpec(CRITIC_LOSS, "critic loss", "loss", (PPO,), chart="Critic loss", log=True, compare=True),
     MetricSpec(CRITIC_WARMUP, "1 on a step that trained the critic only", "flag", (PPO,)),
-    MetricSpec(CLIP_FRACTION, "share of tokens clipped", "fraction", (PPO,), chart="Clip fraction", compare=True),
+    MetricSpec(
+        CLIP_FRACTION,
+        "share of tokens whose gradient the ratio's clip removed (REINFORCE: policy_loss clip or cispo)",
+        "fraction",
+        POLICY_TRAINERS,
+        chart="Clip fraction",
+        compare=True,
+    ),
+    MetricSpec(
+        CLIP_FRACTION_LOW,
+        "share of tokens clipped below 1 - epsilon_low",
+        "fraction",
+        (REINFORCE,),
+        chart="Clip fraction",
+    ),
+    MetricSpec(
+        CLIP_FRACTION_HIGH,
+        "share of tokens clipped above 1 + epsilon_high",
+        "fraction",
+        (REINFORCE,),
+        chart="Clip fraction",
+    ),
+    MetricSpec(
+        RATIO_MEAN,
+        "mean ratio of the policy to the rollout's policy, over the tokens of the step's passes",
+        "ratio",
+        (REINFORCE,),
+        chart="Importance ratio",
+        compare=True,
+    ),
+    MetricSpec(RATIO_MIN, "smallest ratio to the rollout's policy", "ratio", (REINFORCE,), chart="Importance ratio"),
+    MetricSpec(RATIO_MAX, "largest ratio to the rollout's policy", "ratio", (REINFORCE,), chart="Importance ratio"),
+    MetricSpec(
+        MISMATCH_KL,
+        "KL (k3, per token) between the generation engine's log-probs of the samples and the trainer's",
+        "KL",
+        (REINFORCE,),
+        chart="Engine-trainer mismatch",
+        log=True,
+        compare=True,
+    ),
+    MetricSpec(
+        MISMATCH_PPL_RATIO,
+        "the trainer's perplexity of the samples over the engine's (1: they agree)",
+        "ratio",
+        (REINFORCE,),
+        compare=True,
+    ),
+    MetricSpec(
+        ROLLOUT_CORRECTED,
+        "share of tokens (or samples) whose rollout-correction weight was truncated (tis) or masked (mis)",
+        "fraction",
+        (REINFORCE,),
+    ),
     MetricSpec(ENTROPY, "policy entropy per token", "nats per token", (PPO,), chart="Entropy", compare=True),
+    MetricSpec(
+        ROLLOUT_ENTROPY,
+        "policy entropy per token, estimated as the mean -log pi of the sampled tokens",
+        "nats per token",
+        (REINFORCE,),
+        chart="Entropy",
+        compare=True,
+    ),
     MetricSpec(
         REWARD_LENGTH_CORR,
         "correlation of reward and response length",
@@ -241,6 +325,16 @@ _SPECS = (
         chart="Groups with zero reward spread",
         compare=True,
     ),
+    MetricSpec(
+        DROPPED_GROUPS,
+        "share of the step's sampled prompt groups dynamic sampling dropped (no reward spread)",
+        "fraction of groups",
+        (REINFORCE,),
+        chart="Groups with zero reward spread",
+        compare=True,
+    ),
+    MetricSpec(SAMPLING_ROUNDS, "extra rounds of prompts dynamic sampling drew", "rounds", (REINFORCE,)),
+    MetricSpec(OVERLONG_PENALTY, "mean overlong penalty added to the rewards (DAPO)", "reward", (REINFORCE,)),
     MetricSpec(
         TOKENS_PER_S,
         "prompt and response tokens trained per second per process",

@@ -800,7 +800,7 @@ class ReinforceTrainer:
         aggregation = self.config.reinforce.loss_aggregation
         loss_mask, advantages = rollout.loss_mask[mini], rollout.advantages[mini]
         behaviour = None if rollout.behaviour_logprobs is None else rollout.behaviour_logprobs[mini]
-        cap = self.config.reinforce.importance_weight_cap
+        cap = self.config.reinforce.rollout_correction_cap
         whole = mini.start == 0 and mini.stop == rollout.advantages.shape[0]
         micro = []
         if advantages.numel():

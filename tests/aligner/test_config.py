@@ -169,7 +169,37 @@ MEGATRON = ["model.backend=megatron"]
         (
             MEGATRON + ["reinforce.algorithm=grpo"],  # its KL in the loss and its seq_mean: Megatron takes the second
             "model.backend: megatron cannot be combined with reinforce.kl_in: loss",
-            MEGATRON + ["reinforce.algorithm=grpo", "reinforce.kl_in=reward"],
+            MEGATRON + ["reinforce.algorithm=grpo", "reinforce.kl_in=reward", "reinforce.policy_loss=reinforce"],
+        ),
+        (
+            MEGATRON + ["reinforce.algorithm=dapo"],
+            "model.backend: megatron cannot be combined with reinforce.policy_loss: clip",
+            MEGATRON + ["reinforce.algorithm=dapo", "reinforce.policy_loss=reinforce"],
+        ),
+        (
+            ["reinforce.num_epochs=2"],
+            "reinforce.num_epochs: 2 passes reuse each rollout",
+            ["reinforce.num_epochs=2", "reinforce.policy_loss=clip"],
+        ),
+        (
+            ["reinforce.algorithm=reinforce_pp", "reinforce.policy_loss=reinforce"],
+            "reinforce.advantage_estimator: reinforce_pp's per-token advantages go with",
+            ["reinforce.algorithm=reinforce_pp"],
+        ),
+        (
+            ["reinforce.policy_loss=cispo", "reinforce.dual_clip=3"],
+            "reinforce.dual_clip: needs reinforce.policy_loss: clip",
+            ["reinforce.policy_loss=clip", "reinforce.dual_clip=3"],
+        ),
+        (
+            ["reinforce.algorithm=dapo", "reinforce.dynamic_batching=true"],
+            "reinforce.dynamic_sampling: true cannot be combined with reinforce.dynamic_batching",
+            ["reinforce.algorithm=dapo"],
+        ),
+        (
+            ["reinforce.overlong_buffer=100000"],
+            "reinforce.overlong_buffer: 100000 exceeds generation.max_new_tokens",
+            ["reinforce.overlong_buffer=1"],
         ),
         (
             MEGATRON + ["reinforce.num_mini_batches=2"],
