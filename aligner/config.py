@@ -1103,6 +1103,7 @@ def combination_errors(config: TrainConfig) -> list[tuple[str, str]]:
                 "trainer.async_rollouts (the next step's prompts are drawn before this step's rewards are known)": (
                     trainer.async_rollouts > 0
                 ),
+                "model.backend: megatron (a model-parallel group's ranks must keep the same groups)": megatron,
             }
             broken += [
                 ("reinforce.dynamic_sampling", f"true cannot be combined with {what}")
