@@ -816,28 +816,7 @@ class ReinforceTrainer:
         )
         kl = kl_penalty(logprobs, ref_logprobs, gen.response_mask, estimator=cfg.kl_estimator)
         shaped = rewards_with_kl(scored, kl, cfg.initial_policy_kl_penalty if cfg.kl_in == "reward" else 0.0)
-        if cfg.advantage_estimator == "reinforce_pp":
-            # Per-token rewards (the KL folded in per token), returns whitened over every rank's valid tokens.
-            returns = reinforce_pp_returns(
-                scored, logprobs, ref_logprobs, loss_mask, cfg.initial_policy_kl_penalty, cfg.kl_estimator
-            )
-            advantages = distributed.global_masked_whiten(returns, loss_mask)
-            baseline = torch.zeros_like(shaped)
-        elif cfg.baseline == "rloo":
-            baseline = rloo_baseline(shaped, gen.group_ids, gen.is_end)
-        elif cfg.baseline == "group_mean":  # the group's mean, the sample's own reward where it has no group
-            baseline = shaped - grpo_advantages(shaped, gen.group_ids, gen.is_end, "group_mean", "none")
-        else:
-            baseline = torch.zeros_like(shaped)
-        advantages = advantages_from_baseline(shaped, baseline)
-        if cfg.scale_rewards == "group":
-            advantages = grpo_advantages(shaped, gen.group_ids, gen.is_end, cfg.baseline, "group")
-        elif cfg.scale_rewards == "batch":  # the std of every rank's rewards, as one process would take it
-            std = distributed.global_std(shaped[gen.is_end.bool()])
-            if std > 0:
-                advantages = advantages / (std + REWARD_STD_EPS)
-        if cfg.normalize_advantages and advantages.dim() == 1:
-            advantages = distributed.global_whiten(advantages)  # over the global batch, as one process would
+        advantages, baseline = self._advantages(scored, shaped, gen, logprobs, ref_logprobs, loss_mask)
         # Each sample's mean -log pi over its tokens: an estimate of the policy's entropy that needs no logits.
         extra[ROLLOUT_ENTROPY] = masked_mean(-logprobs, gen.response_mask, dim=-1).mean().item()
         # The newer metrics after the older ones: metrics.jsonl keeps its order.
@@ -858,6 +837,32 @@ class ReinforceTrainer:
         if rollout.old_logprobs is not None:  # the mismatch over every sample (else the first pass measures it)
             rollout.stats.add_mismatch(rollout.old_logprobs, gen.logprobs, gen.response_mask)
         return rollout
+
+    def _advantages(self, scored, shaped, gen: GenerationOutput, logprobs, ref_logprobs, loss_mask):
+        """(advantages: [B], or [B, T] for reinforce_pp; the baseline [B]) of the rewards as scored (with any
+        overlong penalty) and as shaped by the KL (kl_in: reward)."""
+        cfg = self.config.reinforce
+        if cfg.advantage_estimator == "reinforce_pp":
+            # Per-token rewards (the KL folded in per token), returns whitened over every rank's valid tokens.
+            coef = cfg.initial_policy_kl_penalty
+            returns = reinforce_pp_returns(scored, logprobs, ref_logprobs, loss_mask, coef, cfg.kl_estimator)
+            return distributed.global_masked_whiten(returns, loss_mask), torch.zeros_like(shaped)
+        if cfg.baseline == "rloo":
+            baseline = rloo_baseline(shaped, gen.group_ids, gen.is_end)
+        elif cfg.baseline == "group_mean":  # the group's mean, the sample's own reward where it has no group
+            baseline = shaped - grpo_advantages(shaped, gen.group_ids, gen.is_end, "group_mean", "none")
+        else:
+            baseline = torch.zeros_like(shaped)
+        advantages = advantages_from_baseline(shaped, baseline)
+        if cfg.scale_rewards == "group":
+            advantages = grpo_advantages(shaped, gen.group_ids, gen.is_end, cfg.baseline, "group")
+        elif cfg.scale_rewards == "batch":  # the std of every rank's rewards, as one process would take it
+            std = distributed.global_std(shaped[gen.is_end.bool()])
+            if std > 0:
+                advantages = advantages / (std + REWARD_STD_EPS)
+        if cfg.normalize_advantages:
+            advantages = distributed.global_whiten(advantages)  # over the global batch, as one process would
+        return advantages, baseline
 
     # ----------------------------------------------------------------------------------------------- async rollouts
     def _rollout_ahead(self, total: int) -> tuple[dict[str, Any], Rollout]:
