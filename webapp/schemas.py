@@ -10,7 +10,7 @@ from apiflask.validators import Length, OneOf, Range, Regexp
 from flask import current_app, has_app_context
 from marshmallow import ValidationError, post_dump
 
-from aligner.config import ALGORITHM_SUMMARIES
+from aligner.config import ALGORITHM_SUMMARIES, HEALTH_RULES
 from aligner.metrics import TRAIN_REWARD
 from webapp.catalogue import NAME_PATTERN, TARGET_PATTERN
 from webapp.db import (
@@ -165,8 +165,8 @@ class JobOut(Schema):
         String(),
         required=True,
         metadata={
-            "description": "Run health alarms firing now (validation_divergence, length_hacking, kl_growth, "
-            "zero_spread, nonfinite, ending_collapse); each start and end is a `health` event of the job."
+            "description": f"Run health alarms firing now ({', '.join(HEALTH_RULES)}); each start and end is a "
+            "`health` event of the job."
         },
     )
 
