@@ -33,6 +33,7 @@ from webapp.ui.job_view import (
     ACTIVE,
     GOLD_AXIS_TITLE,
     append_metrics,
+    chart_notes,
     chart_revision,
     event_log,
     gold_series,
@@ -79,10 +80,12 @@ def download_dir(now: float | None = None) -> Path:
 
 
 def chart_figure(job: dict, title: str, frame: pd.DataFrame, y_title: str, smoothing: float, log_y: bool,
-                 x_range: tuple[float, float]):  # fmt: skip
-    """One chart of the job's: its gold rewards on their own right axis, its zoom kept across redraws."""
+                 x_range: tuple[float, float], note: str = ""):  # fmt: skip
+    """One chart of the job's: its gold rewards on their own right axis, its zoom kept across redraws, its note
+    (job_view.chart_notes) under its title."""
     return line_chart(frame, title, y_title, smoothing, log_y, x_range, right=gold_series(frame),
-                      right_title=GOLD_AXIS_TITLE, uirevision=chart_revision(job.get("id"), title))  # fmt: skip
+                      right_title=GOLD_AXIS_TITLE, uirevision=chart_revision(job.get("id"), title),
+                      note=note)  # fmt: skip
 
 
 def download_target(name: str) -> Path:
@@ -99,11 +102,13 @@ def draw(view: dict, smoothing: float, log_y: bool) -> list:
     if not job:
         return [gr.update(), *[gr.update() for _ in range(NUM_PLOTS)]]
     charts = job_charts(body)
+    notes = chart_notes(body, job.get("config"))
     x_range = x_extent(job.get("max_steps"), last_step(body), job["status"] in ACTIVE)
     updates = [
-        gr.update(value=chart_figure(job, title, frame, y_title, smoothing, log_y and log, x_range), visible=True)
+        gr.update(value=chart_figure(job, title, frame, y_title, smoothing, log_y and log, x_range,
+                                     notes.get(title, "")), visible=True)
         for title, frame, y_title, log in charts
-    ]
+    ]  # fmt: skip
     updates += [gr.update(value=None, visible=False)] * (NUM_PLOTS - len(updates))
     return ["" if charts else waiting_message(job), *updates]
 
