@@ -10,6 +10,7 @@ import pytest
 
 from aligner import metrics
 from aligner.metrics import INIT_POLICY_KL, TRAIN_REWARD, VAL_REWARD
+from tests.helpers.api import create_job
 from webapp.ui import charts, job_view
 from webapp.ui.frames import metrics_frame, series_frame
 from webapp.ui.job_page import draw, load
@@ -419,3 +420,19 @@ def test_the_selected_jobs_status_is_read_from_the_table():
     table = pd.DataFrame([["", 3, "running"], ["▶", 4, "paused"]], columns=["sel", "id", "status"])
     assert selected_status(table, 4) == "paused" and selected_status(table, 9) is None
     assert selected_status(table, None) is None
+
+
+def test_the_job_page_downloads_the_best_policy_or_says_there_is_none(api_url, client, token, config, data_dir):
+    from webapp import ui
+
+    job = create_job(client, token, config)
+    app = ui.build_app(api_url, data_dir)
+    fetch = next(fn.fn for fn in app.fns.values() if fn.name == "download_best_model")
+    file, message = fetch(token, {"job_id": job["id"]})
+    assert file["visible"] is False and f"job {job['id']} has no best policy yet" in message
+    best = data_dir / job["run_dir"] / "best_policy"
+    best.mkdir(parents=True)
+    (best / "config.json").write_text('{"model_type": "llama"}')
+    file, message = fetch(token, {"job_id": job["id"]})
+    assert file["visible"] is True and file["value"].endswith(f"job_{job['id']}_best_policy.zip")
+    assert message.startswith(f"Best policy of job {job['id']}")

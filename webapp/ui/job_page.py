@@ -157,7 +157,9 @@ def job_page_tab(session: Session) -> None:
             model_button = gr.Button(
                 "Download model", elem_id="download-model", interactive=False, size="sm", scale=0, min_width=160
             )
-            model_file = gr.File(label="Final policy zip", elem_id="model-file", interactive=False, visible=False)
+            best_button = gr.Button("Download best policy", elem_id="download-best-model", size="sm", scale=0,
+                                    min_width=180)  # fmt: skip
+            model_file = gr.File(label="Policy zip", elem_id="model-file", interactive=False, visible=False)
             model_msg = gr.Markdown(elem_id="model-msg")
         with gr.Row():
             smoothing = gr.Slider(0, 0.99, value=0.0, step=0.01, label="Smoothing (EMA)", elem_id="smoothing")
@@ -237,6 +239,15 @@ def job_page_tab(session: Session) -> None:
         name = f"job_{jid}_final_policy.zip"
         return fetch_zip(token, f"/jobs/{jid}/model", name, f"Final policy of job {jid} (a Hugging Face folder)")
 
+    def download_best_model(token: str, state: dict):
+        """[model file, message]: the job's best policy so far (GET /jobs/{id}/best_model): the policy of its best
+        validation by trainer.best_metric, while it runs too; the API says when there is none yet."""
+        jid = (state or {}).get("job_id")
+        if not token or jid is None:
+            return gr.update(), "Sign in and select a job first."
+        name = f"job_{jid}_best_policy.zip"
+        return fetch_zip(token, f"/jobs/{jid}/best_model", name, f"Best policy of job {jid} (a Hugging Face folder)")
+
     def redraw(state: dict, smooth: float, log: bool):
         return draw(state or {}, smooth, log)
 
@@ -260,3 +271,4 @@ def job_page_tab(session: Session) -> None:
         control.change(redraw, [view, smoothing, log_y], [charts_msg, *plots], show_progress="hidden")
     checkpoints.select(download_checkpoint, [session.token, view, checkpoints], [download, download_msg])
     model_button.click(download_model, [session.token, view], [model_file, model_msg])
+    best_button.click(download_best_model, [session.token, view], [model_file, model_msg])
