@@ -492,6 +492,7 @@ def test_a_failed_jobs_error_and_events_hold_no_server_url_password_or_path(tmp_
     engine.dispose()
 
 
+@pytest.mark.slow(40)  # eight trainer starts (their imports: ~5 s of CPU each): 34 s on two idle cores
 def test_a_job_of_each_reinforce_preset_succeeds_with_the_presets_knobs(tmp_path, job_config):
     """Issue 32: a service job of every reinforce.algorithm preset runs to success through the runner (the real
     trainer, one step each, so the suite pays a trainer start per preset and little more), and its stored resolved
