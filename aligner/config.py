@@ -792,7 +792,15 @@ class CriticConfig(Section):
 
 
 # The run health rules (aligner/health.py), in the order they are evaluated and shown.
-HEALTH_RULES = ("validation_divergence", "length_hacking", "kl_growth", "zero_spread", "nonfinite", "ending_collapse")
+HEALTH_RULES = (
+    "validation_divergence",
+    "length_hacking",
+    "kl_growth",
+    "zero_spread",
+    "nonfinite",
+    "ending_collapse",
+    "entropy_collapse",
+)
 
 
 class HealthConfig(Section):
@@ -868,6 +876,15 @@ class HealthConfig(Section):
     )
     ending_min_drop: float = Field(
         0.5, ge=0, le=1, description="ending_collapse: how far that share must be below its first `window` steps' mean"
+    )
+    entropy_min_fraction: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="entropy_collapse: it fires when the policy's entropy per token (train_rollouts/entropy, PPO's "
+        "train_optim/entropy), averaged over the last `window` steps, is below this fraction of its first `window` "
+        "steps' mean: the policy samples nearly one answer and explores no more. A healthy run's entropy falls too, "
+        "but rarely below a tenth of where it began.",
     )
 
     @field_validator("pause_on")

@@ -11,6 +11,7 @@ validation steps) and returns an `Alarm` (its name, the step it judged at, a mes
     zero_spread            most prompt groups have equal rewards: RLOO's advantages are zero, nothing is learnt
     nonfinite              NaN or infinity in the loss or the gradient norm
     ending_collapse        the share of responses that end properly collapses
+    entropy_collapse       the policy's entropy per token falls to a small fraction of its early value
 
 Rules over per-step metrics judge only once a metric has `min_points` values, so the first steps' noise never fires
 them; `nonfinite` fires on the first bad value. A metric that is absent leaves its rule quiet. Pure Python (no
@@ -25,14 +26,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from aligner.config import HEALTH_RULES, HealthConfig
-from aligner.metrics import GOLD_REWARD_PREFIX, GRAD_NORM, LOSS, TRAIN_REWARD, VAL_REWARD
+from aligner.metrics import ENTROPY, GOLD_REWARD_PREFIX, GRAD_NORM, LOSS, ROLLOUT_ENTROPY, TRAIN_REWARD, VAL_REWARD
 from aligner.metrics import INIT_POLICY_KL as KL
 from aligner.metrics import REWARD_LENGTH_CORR as LENGTH_CORR
 from aligner.metrics import TRAIN_PROPERLY_ENDED as PROPERLY_ENDED
 from aligner.metrics import ZERO_SPREAD_GROUPS as ZERO_SPREAD
 
 # The metrics the rules read (aligner/metrics.py); gold rewards (GOLD_REWARD_PREFIX + name) are read too.
-WATCHED_METRICS = (TRAIN_REWARD, VAL_REWARD, KL, LOSS, GRAD_NORM, PROPERLY_ENDED, LENGTH_CORR, ZERO_SPREAD)
+WATCHED_METRICS = (
+    TRAIN_REWARD, VAL_REWARD, KL, LOSS, GRAD_NORM, PROPERLY_ENDED, LENGTH_CORR, ZERO_SPREAD, ROLLOUT_ENTROPY, ENTROPY
+)  # fmt: skip
+# The policy's entropy per token as each trainer logs it (REINFORCE estimates it from the sampled tokens, PPO's loss
+# computes it): a run logs one of them.
+ENTROPIES = (ROLLOUT_ENTROPY, ENTROPY)
 
 Point = tuple[int, float]
 Series = Mapping[str, Sequence[Point]]  # metric name -> [(step, value), ...] in step order
@@ -222,10 +228,38 @@ def ending_collapse(series: Series, config: HealthConfig) -> Alarm | None:
     return None
 
 
+def entropy_collapse(series: Series, config: HealthConfig) -> Alarm | None:
+    """The policy's entropy per token (train_rollouts/entropy for REINFORCE, train_optim/entropy for PPO) collapses:
+    its mean over the last `window` steps is below `entropy_min_fraction` of its first `window` steps' mean. The
+    policy then samples nearly the same answer every time: the groups lose their reward spread and nothing more is
+    explored (DAPO's clip-higher is one remedy, a larger KL penalty or temperature others)."""
+    for name in ENTROPIES:
+        windows = _windows(series, name, config)
+        if windows is None:
+            continue
+        early, recent = _mean(windows[0]), _mean(windows[1])
+        if early > 0 and recent < config.entropy_min_fraction * early:
+            message = (
+                f"the policy's entropy ({name}) fell to {recent:.3g} nats per token over the last {len(windows[1])} "
+                f"steps from {early:.3g} early ({recent / early:.0%}; floor {config.entropy_min_fraction:.0%} of the "
+                "early value): the policy has stopped exploring"
+            )
+            return Alarm("entropy_collapse", windows[1][-1][0], message)
+    return None
+
+
 RULE_NAMES = HEALTH_RULES  # the names HealthConfig.pause_on accepts, in this order
 RULES: dict[str, Callable[[Series, HealthConfig], Alarm | None]] = {
     rule.__name__: rule
-    for rule in (validation_divergence, length_hacking, kl_growth, zero_spread, nonfinite, ending_collapse)
+    for rule in (
+        validation_divergence,
+        length_hacking,
+        kl_growth,
+        zero_spread,
+        nonfinite,
+        ending_collapse,
+        entropy_collapse,
+    )  # fmt: skip
 }
 
 

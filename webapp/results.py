@@ -38,7 +38,7 @@ from apiflask.schemas import FileSchema
 from flask import Response, current_app, request, send_file
 from sqlalchemy import func, select
 
-from aligner.run_layout import CHECKPOINT_DIR, FINAL_POLICY_DIR
+from aligner.run_layout import BEST_POLICY_DIR, CHECKPOINT_DIR, FINAL_POLICY_DIR
 from webapp.auth import auth, request_token
 from webapp.db import (
     FINAL_STATUSES,
@@ -68,9 +68,11 @@ from webapp.schemas import (
 bp = APIBlueprint("results", __name__, url_prefix="/api/v1/jobs", tag="Job results")
 
 EVENT_BATCH = 500
-# The final policy's zip, built once and kept in the run folder (a new name: one built before downloads were
-# redacted is never served).
-FINAL_POLICY_ZIP = f"{FINAL_POLICY_DIR}.download.zip"
+# A policy folder's zip, built once and kept in the run folder beside it as <folder> + ZIP_SUFFIX (a new name: one
+# built before downloads were redacted is never served).
+ZIP_SUFFIX = ".download.zip"
+# The policy folders a user downloads whole, by what they are.
+POLICY_FOLDERS = {FINAL_POLICY_DIR: "final policy", BEST_POLICY_DIR: "best policy"}
 DOWNLOADS_429 = "The user has MAX_DOWNLOADS_PER_USER downloads being built or sent"
 
 
@@ -147,7 +149,10 @@ def _folder_bytes(folder: Path) -> int | None:
 
 
 def _newest_mtime(folder: Path) -> float:
-    return max([folder.stat().st_mtime, *(p.lstat().st_mtime for p in folder.rglob("*"))])
+    # The folder's ctime too: a folder renamed into place (best_policy/) may hold files older than a zip of the one
+    # it replaced.
+    found = folder.stat()
+    return max([found.st_mtime, found.st_ctime, *(p.lstat().st_mtime for p in folder.rglob("*"))])
 
 
 # Files of a download whose text is passed through the service's redactor (`webapp.db.service_redactor`): configs
@@ -200,20 +205,48 @@ def _write_zip(folder: Path, f, arcname: str, redactor, config: dict | None = No
                         shutil.copyfileobj(source, target, 1024 * 1024)
 
 
-def _final_policy_zip(job: Job, folder: Path, redactor) -> Path:
-    """run_dir/FINAL_POLICY_ZIP, rebuilt when the folder changed since."""
-    target = folder.parent / FINAL_POLICY_ZIP
+def _policy_zip(folder: Path, redactor) -> Path:
+    """run_dir/<folder> + ZIP_SUFFIX, rebuilt when the folder changed since. The trainer replaces best_policy/ whole
+    (a rename) while the job runs: a zip built while it did is built again from the new folder."""
+    target = folder.parent / (folder.name + ZIP_SUFFIX)
     if target.is_file() and target.stat().st_mtime >= _newest_mtime(folder):
         return target
-    fd, tmp = tempfile.mkstemp(dir=folder.parent, prefix=".final_policy-", suffix=".zip")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            _write_zip(folder, f, FINAL_POLICY_DIR, redactor)
-        os.replace(tmp, target)  # atomic: a concurrent download sees the old zip or the new one
-    except BaseException:
+    for _attempt in range(3):
+        before = folder.stat().st_ino
+        fd, tmp = tempfile.mkstemp(dir=folder.parent, prefix=f".{folder.name}-", suffix=".zip")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                _write_zip(folder, f, folder.name, redactor)
+            replaced = not folder.is_dir() or folder.stat().st_ino != before
+            if not replaced:
+                os.replace(tmp, target)  # atomic: a concurrent download sees the old zip or the new one
+                return target
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
         Path(tmp).unlink(missing_ok=True)
+        if not folder.is_dir():
+            break
+    abort_fields(409, f"the {POLICY_FOLDERS.get(folder.name, 'policy')} is being replaced: try again in a moment")
+
+
+def _send_policy(job: Job, name: str):
+    """The zip of the job's policy folder `name` (POLICY_FOLDERS), 404 while it does not exist; the error names
+    the job and what is missing, never a path."""
+    folder = Path(job.run_dir) / name if job.run_dir else None
+    if folder is None or folder.is_symlink() or not folder.is_dir():
+        abort_fields(404, f"job {job.id} has no {POLICY_FOLDERS[name]} yet (status {job.status})")
+    redactor = service_redactor(db.session, job.run_dir, current_app.config["DATA_DIR"])
+    release = download_slot()
+    try:
+        try:
+            built = _policy_zip(folder, redactor)
+        except FileNotFoundError:  # the folder went (a best policy being replaced, the job deleted) as it was read
+            abort_fields(409, f"the {POLICY_FOLDERS[name]} of job {job.id} is being replaced: try again in a moment")
+    except BaseException:
+        release()
         raise
-    return target
+    return _send_zip(built, f"job_{job.id}_{name}.zip", release)
 
 
 def _send_zip(file, name: str, release):
@@ -236,18 +269,25 @@ def _send_zip(file, name: str, release):
 @bp.doc(responses={404: "No such job, or its final policy does not exist yet", 429: DOWNLOADS_429})
 def download_model(job_id: int):
     """Download the aligned policy (a zip of run_dir/final_policy, a Hugging Face folder)"""
-    job = get_job_or_404(job_id)
-    folder = Path(job.run_dir) / FINAL_POLICY_DIR
-    if not job.run_dir or folder.is_symlink() or not folder.is_dir():
-        abort_fields(404, f"job {job.id} has no final policy yet (status {job.status})")
-    redactor = service_redactor(db.session, job.run_dir, current_app.config["DATA_DIR"])
-    release = download_slot()
-    try:
-        built = _final_policy_zip(job, folder, redactor)
-    except BaseException:
-        release()
-        raise
-    return _send_zip(built, f"job_{job.id}_final_policy.zip", release)
+    return _send_policy(get_job_or_404(job_id), FINAL_POLICY_DIR)
+
+
+@bp.get("/<int:job_id>/best_model")
+@bp.auth_required(auth)
+@bp.output(FileSchema(type="string", format="binary"), content_type="application/zip", description="A zip file.")
+@bp.doc(
+    responses={
+        404: "No such job, or it has no best policy (yet): trainer.best_metric has not been validated",
+        409: "The best policy is being replaced by a better one at this moment: ask again",
+        429: DOWNLOADS_429,
+    }
+)
+def download_best_model(job_id: int):
+    """Download the best policy so far (a zip of run_dir/best_policy, a Hugging Face folder)
+
+    The policy of the checkpoint with the best trainer.best_metric (val/rewards by default), written whenever a
+    validation improves on it: available while the job runs, and after it ends whatever its status."""
+    return _send_policy(get_job_or_404(job_id), BEST_POLICY_DIR)
 
 
 @bp.get("/<int:job_id>/checkpoints/<int:step>/download")

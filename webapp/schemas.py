@@ -10,6 +10,7 @@ from apiflask.validators import Length, OneOf, Range, Regexp
 from flask import current_app, has_app_context
 from marshmallow import ValidationError, post_dump
 
+from aligner.config import ALGORITHM_SUMMARIES, HEALTH_RULES
 from aligner.metrics import TRAIN_REWARD
 from webapp.catalogue import NAME_PATTERN, TARGET_PATTERN
 from webapp.db import (
@@ -73,8 +74,10 @@ class JobIn(Schema):
             "data.train_dataset and data.val_dataset (dataset ids or names), reward.function (a built-in such as "
             "exact_match, with reward.function_args, or a registered function), reward.model or reward.server, "
             "validation.extra_rewards (gold rewards of the validations by name, each named as reward is), and "
-            "for `algorithm: ppo` critic.model (the worker starts a critic server) or critic.server. run_dir is set "
-            "by the server; trainer.keep_checkpoints defaults to 3.",
+            "for `algorithm: ppo` critic.model (the worker starts a critic server) or critic.server. "
+            "reinforce.algorithm picks a preset of the REINFORCE knobs (a knob given explicitly wins): "
+            + "; ".join(f"{name}: {line}" for name, line in ALGORITHM_SUMMARIES.items())
+            + ". run_dir is set by the server; trainer.keep_checkpoints defaults to 3.",
             "example": {
                 "model": {"policy": "tiny-sft"},
                 "data": {"train_dataset": 1, "val_dataset": 2},
@@ -162,8 +165,8 @@ class JobOut(Schema):
         String(),
         required=True,
         metadata={
-            "description": "Run health alarms firing now (validation_divergence, length_hacking, kl_growth, "
-            "zero_spread, nonfinite, ending_collapse); each start and end is a `health` event of the job."
+            "description": f"Run health alarms firing now ({', '.join(HEALTH_RULES)}); each start and end is a "
+            "`health` event of the job."
         },
     )
 

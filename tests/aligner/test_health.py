@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from aligner.config import HEALTH_RULES, HealthConfig, config_from_dict
 from aligner.errors import ConfigError
 from aligner.health import (
+    ENTROPIES,
     GRAD_NORM,
     KL,
     LENGTH_CORR,
@@ -22,6 +23,7 @@ from aligner.health import (
     VAL_REWARD,
     ZERO_SPREAD,
     ending_collapse,
+    entropy_collapse,
     evaluate,
     kl_growth,
     length_hacking,
@@ -45,7 +47,7 @@ def noisy(rng, values, scale):
 def healthy_run(steps=80, seed=0):
     """A run like the demo's (aligner/demo): reward rising 0 -> 0.6 with noise, validation rising with noise, KL
     growing by ~0.005 a step to a plateau, no length correlation, a fifth of groups without spread, every response
-    ended, finite losses."""
+    ended, finite losses, the entropy falling to under a third of where it began."""
     rng = random.Random(seed)
     rise = [min(0.6, 0.6 * s / 50) for s in range(1, steps + 1)]
     series = {
@@ -58,6 +60,8 @@ def healthy_run(steps=80, seed=0):
         GRAD_NORM: per_step(noisy(rng, [0.35] * steps, 0.1)),
         VAL_REWARD: [(s, min(0.6, 0.6 * s / 50) + rng.uniform(-0.08, 0.08)) for s in range(0, steps + 1, 10)],
         "val/extra_rewards/rule": [(s, 0.1 + 0.005 * s) for s in range(0, steps + 1, 10)],
+        # entropy falling as the policy learns, 1.5 -> 0.45 nats a token, with noise
+        ENTROPIES[0]: per_step(noisy(rng, [max(0.45, 1.5 - 0.02 * s) for s in range(1, steps + 1)], 0.1)),
     }
     return series
 
@@ -164,3 +168,20 @@ def test_ending_collapse_needs_a_low_share_far_below_its_start():
     assert ending_collapse({PROPERLY_ENDED: per_step([0.1] * 25)}, CONFIG) is None  # never ended: no collapse
     assert ending_collapse({PROPERLY_ENDED: per_step([1.0] * 15 + [0.3] * 10)}, CONFIG) is None  # above the floor
     assert ending_collapse({PROPERLY_ENDED: per_step([1.0] * 3 + [0.0] * 10)}, CONFIG) is None  # early
+
+
+@pytest.mark.parametrize("name", ENTROPIES)  # REINFORCE's estimate and PPO's
+def test_entropy_collapse_needs_the_entropy_far_below_its_start(name):
+    rng = random.Random(1)
+    collapsed = per_step(noisy(rng, [1.2] * 15 + [0.05] * 10, 0.02))
+    alarm = entropy_collapse({name: collapsed}, CONFIG)
+    assert alarm is not None and alarm.name == "entropy_collapse" and alarm.step == 25
+    assert name in alarm.message and "floor 10%" in alarm.message
+    assert [a.name for a in evaluate({name: collapsed}, CONFIG)] == ["entropy_collapse"]
+    steady = per_step(noisy(rng, [1.2] * 40, 0.3))  # noisy around its start
+    assert entropy_collapse({name: steady}, CONFIG) is None
+    assert entropy_collapse({name: per_step([1.2] * 15 + [0.3] * 10)}, CONFIG) is None  # a quarter: above the floor
+    assert entropy_collapse({name: per_step([0.05] * 25)}, CONFIG) is None  # low from the start: no collapse
+    assert entropy_collapse({name: per_step([1.2] * 3 + [0.0] * 10)}, CONFIG) is None  # early
+    assert entropy_collapse({name: per_step([0.0] * 25)}, CONFIG) is None  # nothing to fall from
+    assert entropy_collapse({}, CONFIG) is None  # not logged

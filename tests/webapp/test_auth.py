@@ -17,6 +17,7 @@ JOB_ROUTES = [
     ("get", "/samples"),
     ("get", "/checkpoints"),
     ("get", "/model"),
+    ("get", "/best_model"),
     ("get", "/events"),
 ]
 
@@ -78,6 +79,7 @@ def test_openapi_document_lists_paths_schemas_and_bearer_auth(client):
         "/api/v1/jobs/{job_id}/checkpoints",
         "/api/v1/jobs/{job_id}/checkpoints/{step}/download",
         "/api/v1/jobs/{job_id}/model",
+        "/api/v1/jobs/{job_id}/best_model",
         "/api/v1/jobs/{job_id}/events",
         "/api/v1/datasets",
         "/api/v1/datasets/{dataset_id}",

@@ -5,11 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import shutil
 import time
 import zipfile
 
 from sqlalchemy import select
 
+from aligner.run_layout import BEST_POLICY_DIR
 from tests.helpers.api import bearer, both_backends, create_job
 from webapp.db import (
     ApiToken,
@@ -130,6 +132,49 @@ def test_model_download_is_404_until_the_final_policy_exists_then_a_zip(client, 
     (policy / "config.json").write_text('{"model_type": "llama", "v": 2}')  # newer than the cached zip: rebuilt
     with zipfile.ZipFile(io.BytesIO(client.get(url, headers=bearer(token)).data)) as archive:
         assert b'"v": 2' in archive.read("final_policy/config.json")
+
+
+def test_the_best_policy_downloads_for_its_owner_only_once_written(client, token, other_token, config, data_dir):
+    job = create_job(client, token, config)
+    url = f"/api/v1/jobs/{job['id']}/best_model"
+    missing = client.get(url, headers=bearer(token))
+    assert missing.status_code == 404 and missing.json["message"] == f"job {job['id']} has no best policy yet " + (
+        "(status queued)"
+    )
+    run_dir = data_dir / job["run_dir"]
+    elsewhere = data_dir / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "secret.json").write_text("{}")
+    run_dir.mkdir(parents=True)
+    (run_dir / BEST_POLICY_DIR).symlink_to(elsewhere)  # a folder planted elsewhere is never read
+    refused = client.get(url, headers=bearer(token))
+    assert refused.status_code == 404 and str(data_dir) not in refused.get_data(as_text=True)
+    (run_dir / BEST_POLICY_DIR).unlink()
+
+    def write_best(version: int) -> None:  # as the trainer does: a new folder renamed over the old one
+        new = run_dir / f"{BEST_POLICY_DIR}.tmp"
+        new.mkdir()
+        (new / "config.json").write_text(json.dumps({"model_type": "llama", "v": version}))
+        (new / "model.safetensors").write_bytes(b"\0" * 100)
+        if (run_dir / BEST_POLICY_DIR).exists():
+            shutil.rmtree(run_dir / BEST_POLICY_DIR)
+        new.rename(run_dir / BEST_POLICY_DIR)
+
+    write_best(1)
+    response = client.get(url, headers=bearer(token))
+    assert response.status_code == 200 and response.mimetype == "application/zip"
+    assert f"job_{job['id']}_best_policy.zip" in response.headers["Content-Disposition"]
+    with zipfile.ZipFile(io.BytesIO(response.data)) as archive:
+        assert sorted(archive.namelist()) == ["best_policy/config.json", "best_policy/model.safetensors"]
+        assert json.loads(archive.read("best_policy/config.json"))["v"] == 1
+    response.close()
+    assert client.get(url, headers=bearer(other_token)).status_code == 404  # another user's job
+    assert client.get(f"/api/v1/jobs/{job['id']}/model", headers=bearer(token)).status_code == 404  # not final
+
+    time.sleep(0.01)
+    write_best(2)  # a better validation since: the kept zip is built again
+    with zipfile.ZipFile(io.BytesIO(client.get(url, headers=bearer(token)).data)) as archive:
+        assert json.loads(archive.read("best_policy/config.json"))["v"] == 2
 
 
 def test_a_checkpoint_downloads_as_a_zip_for_its_owner_only(client, token, other_token, config, db_session, data_dir):

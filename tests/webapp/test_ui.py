@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from sqlalchemy import select
 
 from aligner import metrics
-from aligner.config import TrainConfig
+from aligner.config import ALGORITHM_PRESETS, TrainConfig
 from aligner.demo.templates import CONFIG_TEMPLATE, ppo_config_text
 from tests.helpers.api import ACTIONS_BY_STATE, bearer, create_job, put_in_state
 from webapp import ui
@@ -275,7 +275,9 @@ def test_the_form_starts_from_the_configs_defaults():
     assert {"algorithm", "num_prompts_per_step", "kl_penalty", "lr", "max_steps", "temperature"} <= set(form.DEFAULTS)
     assert form.DEFAULTS["lr"] == TrainConfig.model_fields["optim"].default_factory().lr
     assert form.DEFAULTS["reward_source"] == "function" and form.DEFAULTS["critic_source"] == "model"
-    assert form.CHOICES == {"algorithm": ["reinforce", "ppo"], "backend": ["hf", "fsdp", "megatron"]}
+    offered = {"algorithm": ["reinforce", "ppo"], "reinforce_algorithm": list(ALGORITHM_PRESETS),
+               "backend": ["hf", "fsdp", "megatron"]}  # fmt: skip
+    assert offered == form.CHOICES
     assert form.DEFAULTS["backend"] == "hf" and form.DEFAULTS["num_processes"] == 1
     assert form.config_default("config.reward.server_url") is None  # inside an optional section
     shown = form.form_from_config({"model": {"policy": "p"}, "reward": {"model": "rm"}, "optim": {"lr": 0.1}})

@@ -4,10 +4,12 @@ hand-made API JSON, refusals and uploads through a stand-in API."""
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
-from aligner.config import TrainConfig
+from aligner.config import ALGORITHM_PRESETS, ALGORITHM_SUMMARIES, TrainConfig
 from aligner.demo.templates import CONFIG_TEMPLATE, ppo_config_text
+from tests.helpers.api import bearer
 from webapp import advice, ui
 from webapp.ui import form, new_job
 from webapp.ui.api import ApiError
@@ -365,3 +367,69 @@ def test_a_dry_run_shows_the_memory_estimate():
     shared = {**memory, "world_size": 1, "needed_bytes": 5e8, "device_shared": True, "device_source": "measured"}
     assert "**0.50 GB all processes together** with backend fsdp on 1 process," in form.memory_markdown(shared)
     assert form.memory_markdown(None) == "" and "memory" not in form.dry_run_markdown({"checks": [], "memory": None})
+
+
+# ----------------------------------------------------------------------------------------- issue 32: REINFORCE presets
+def test_the_form_offers_every_reinforce_preset_with_its_line(tmp_path):
+    labels = dict((value, label) for label, value in form.CHOICE_LABELS["reinforce_algorithm"])
+    assert list(labels) == list(ALGORITHM_PRESETS) == form.CHOICES["reinforce_algorithm"]
+    assert all(ALGORITHM_SUMMARIES[name] in label for name, label in labels.items())
+    assert form.visible_fields({"algorithm": "reinforce"})["reinforce_algorithm"]
+    assert not form.visible_fields({"algorithm": "ppo"})["reinforce_algorithm"]  # PPO has no use for it
+    app = ui.build_app("http://127.0.0.1:5000", tmp_path)
+    pick = next(fn for fn in app.fns.values() if fn.name == "pick_preset")
+    by_id = {block._id: block for block in app.blocks.values()}
+    assert [getattr(by_id[target], "elem_id", None) for target, event in pick.targets] == ["f-reinforce_algorithm"]
+    assert [out.elem_id for out in pick.outputs] == ["f-kl_penalty", "advanced"]
+    kl, advanced = pick.fn("grpo", form.advanced_yaml("reinforce"))
+    assert kl == ALGORITHM_PRESETS["grpo"]["initial_policy_kl_penalty"]
+    assert advanced == form.advanced_yaml("reinforce", "grpo")  # the template, at the preset's values
+    assert yaml.safe_load(advanced)["reinforce"] == {
+        k: ALGORITHM_PRESETS["grpo"][k] for k in ("kl_estimator", "baseline")
+    }
+
+
+def test_a_box_the_user_edited_keeps_its_other_keys_when_a_preset_is_chosen():
+    mine = "# mine\noptim: {warmup_steps: 0}\nreinforce: {kl_estimator: abs, num_prompts_per_step: 2}\n"
+    _fields, advanced = form.choose_preset("dapo", mine)
+    dapo = form.preset_knobs("dapo")
+    assert yaml.safe_load(advanced) == {
+        "optim": {"warmup_steps": 0},
+        "reinforce": {"kl_estimator": dapo["kl_estimator"], "num_prompts_per_step": 2},
+    }
+    untouched = "# mine\noptim: {warmup_steps: 0}\n"
+    assert form.choose_preset("dapo", untouched)[1] == untouched  # no knob of a preset in it: as typed
+    assert form.choose_preset("dapo", "reinforce: [unclosed")[1] == "reinforce: [unclosed"
+
+
+@pytest.mark.parametrize(
+    "preset, knobs",
+    [
+        ("dapo", {"initial_policy_kl_penalty": 0.0, "policy_loss": "clip", "epsilon_high": 0.28}),
+        ("grpo", {"initial_policy_kl_penalty": 0.04, "baseline": "group_mean", "kl_estimator": "k3"}),
+    ],
+)
+def test_a_job_the_form_submits_with_a_preset_runs_the_presets_knobs(client, token, preset, knobs):
+    values = {**VALUES, "train_dataset": "train.jsonl", "val_dataset": "val.jsonl", "reinforce_algorithm": preset}
+    fields, advanced = form.choose_preset(preset, form.advanced_yaml("reinforce"))  # what choosing it does
+    body = form.build_job({**values, **fields}, advanced)
+    response = client.post("/api/v1/jobs", json=body, headers=bearer(token))
+    assert response.status_code == 201, response.json
+    resolved = response.json["config"]["reinforce"]
+    assert resolved["algorithm"] == preset
+    assert {key: resolved[key] for key in knobs} == knobs
+    # The form's KL field as it was (aligner's default) would have overridden the preset's: the choice replaced it.
+    assert values["kl_penalty"] != fields["kl_penalty"] or preset == "rloo"
+
+
+def test_the_api_takes_a_preset_and_names_the_field_of_a_wrong_one(client, token, config):
+    config["reinforce"] = {"algorithm": "gspo"}
+    response = client.post("/api/v1/jobs", json={"name": "p", "config": config}, headers=bearer(token))
+    assert response.status_code == 201 and response.json["config"]["reinforce"]["importance_level"] == "sequence"
+    config["reinforce"] = {"algorithm": "grpo-ish"}
+    response = client.post("/api/v1/jobs", json={"name": "p", "config": config}, headers=bearer(token))
+    assert response.status_code == 422
+    assert list(response.json["errors"]) == ["config.reinforce.algorithm"]
+    spec = client.get("/api/v1/openapi.json").json
+    described = spec["components"]["schemas"]["JobIn"]["properties"]["config"]["description"]
+    assert all(name in described for name in ALGORITHM_PRESETS)

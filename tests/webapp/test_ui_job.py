@@ -8,7 +8,9 @@ import datetime as dt
 import pandas as pd
 import pytest
 
+from aligner import metrics
 from aligner.metrics import INIT_POLICY_KL, TRAIN_REWARD, VAL_REWARD
+from tests.helpers.api import create_job
 from webapp.ui import charts, job_view
 from webapp.ui.frames import metrics_frame, series_frame
 from webapp.ui.job_page import draw, load
@@ -133,6 +135,67 @@ def test_job_charts_show_what_has_data_and_label_gold_rewards():
     assert job_view.job_charts({"metrics": {}}) == []
     ppo = {"metrics": {"train_optim/critic_loss": [[1, 0.9]], "train_rollouts/values": [[1, -0.2]]}}
     assert [t for t, *_ in job_view.job_charts(ppo)] == ["Critic loss", "Value estimates"]
+
+
+# A GRPO-family run's metrics (issue 32): every chart of aligner.metrics that a REINFORCE run feeds.
+GRPO_BODY = {
+    "metrics": {
+        metrics.CLIP_FRACTION: [[1, 0.1], [2, 0.12]],
+        metrics.CLIP_FRACTION_LOW: [[1, 0.04], [2, 0.05]],
+        metrics.CLIP_FRACTION_HIGH: [[1, 0.06], [2, 0.07]],
+        metrics.RATIO_MEAN: [[1, 1.0], [2, 1.01]],
+        metrics.RATIO_MIN: [[1, 0.7], [2, 0.6]],
+        metrics.RATIO_MAX: [[1, 1.4], [2, 1.5]],
+        metrics.MISMATCH_KL: [[1, 2e-4], [2, 3e-3]],
+        metrics.ROLLOUT_ENTROPY: [[1, 1.2], [2, 1.1]],
+        metrics.ZERO_SPREAD_GROUPS: [[1, 0.5], [2, 0.4]],
+        metrics.DROPPED_GROUPS: [[1, 0.5], [2, 0.4]],
+        metrics.VAL_PASS_AT_1: [[0, 0.2], [2, 0.3]],
+        metrics.VAL_PASS_AT_K: [[0, 0.5], [2, 0.6]],
+    }
+}
+
+
+def test_the_grpo_familys_charts_draw_each_series_apart():
+    shown = {title: data for title, data, _y, _log in job_view.job_charts(GRPO_BODY)}
+    new = ["Clip fraction", "Importance ratio", "Engine-trainer mismatch", "Entropy"]
+    assert set(new) <= set(metrics.CHART_ORDER) and set(new) | {"Pass@k", "Groups with zero reward spread"} <= set(
+        shown
+    )
+    for title, data in shown.items():  # as many legend entries as metrics logged: none merged into another's line
+        drawn = {name for name in GRPO_BODY["metrics"] if metrics.chart_of(name) == title}
+        assert data["series"].nunique() == len(drawn), title
+    assert list(dict.fromkeys(shown["Pass@k"]["series"])) == ["pass@1", "pass@k"]
+    assert list(dict.fromkeys(shown["Clip fraction"]["series"])) == [
+        "clip_fraction", "clip_fraction_low", "clip_fraction_high"
+    ]  # fmt: skip
+    assert list(dict.fromkeys(shown["Entropy"]["series"])) == ["train"]  # alone: as every other single series
+    view = {"job_id": 7, "job": JOB, "metrics": GRPO_BODY}
+    _msg, *plots = draw(view, 0.0, True)
+    titles = [plot["value"].layout.title.text for plot in plots if plot.get("visible")]
+    assert len(titles) == len(shown)
+
+
+def test_the_mismatch_chart_says_when_the_correction_is_worth_switching_on():
+    over = metrics.MISMATCH_KL_WORTH_CORRECTING * 3
+    body = {"metrics": {metrics.MISMATCH_KL: [[1, over], [2, over]]}}
+    title = metrics.chart_of(metrics.MISMATCH_KL)
+    off = {"reinforce": {"rollout_correction": "none"}}
+    note = job_view.chart_notes(body, off)[title]
+    assert "worth switching on" in note and "rollout_correction" in note and "tis or mis" in note
+    assert f"{metrics.MISMATCH_KL_WORTH_CORRECTING:g}" in note
+    on = job_view.chart_notes(body, {"reinforce": {"rollout_correction": "tis"}})[title]
+    assert "is on" in on and "tis" in on and "worth switching on" not in on
+    # the latest point decides: a run whose mismatch fell back under the threshold has no note
+    fell = {"metrics": {metrics.MISMATCH_KL: [[1, over], [2, metrics.MISMATCH_KL_WORTH_CORRECTING / 2]]}}
+    assert job_view.chart_notes(fell, off) == {} and job_view.chart_notes({"metrics": {}}, off) == {}
+    # on the page: under the chart's title, in lines a narrow chart holds
+    _msg, *plots = draw({"job_id": 7, "job": {**JOB, "config": off}, "metrics": body}, 0.0, True)
+    (figure,) = [plot["value"] for plot in plots if plot.get("visible")]
+    text = figure.layout.title.text
+    assert text.startswith(title + "<br><sup>") and "worth switching" in text
+    assert all(len(line) <= charts.NOTE_LINE for line in charts.note_lines(note))
+    assert figure.layout.height > charts.HEIGHT
 
 
 def test_summary_numbers_from_hand_made_metrics():
@@ -357,3 +420,19 @@ def test_the_selected_jobs_status_is_read_from_the_table():
     table = pd.DataFrame([["", 3, "running"], ["▶", 4, "paused"]], columns=["sel", "id", "status"])
     assert selected_status(table, 4) == "paused" and selected_status(table, 9) is None
     assert selected_status(table, None) is None
+
+
+def test_the_job_page_downloads_the_best_policy_or_says_there_is_none(api_url, client, token, config, data_dir):
+    from webapp import ui
+
+    job = create_job(client, token, config)
+    app = ui.build_app(api_url, data_dir)
+    fetch = next(fn.fn for fn in app.fns.values() if fn.name == "download_best_model")
+    file, message = fetch(token, {"job_id": job["id"]})
+    assert file["visible"] is False and f"job {job['id']} has no best policy yet" in message
+    best = data_dir / job["run_dir"] / "best_policy"
+    best.mkdir(parents=True)
+    (best / "config.json").write_text('{"model_type": "llama"}')
+    file, message = fetch(token, {"job_id": job["id"]})
+    assert file["visible"] is True and file["value"].endswith(f"job_{job['id']}_best_policy.zip")
+    assert message.startswith(f"Best policy of job {job['id']}")

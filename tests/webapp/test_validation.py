@@ -112,7 +112,7 @@ def test_bad_query_parameters_are_422_and_unknown_ids_404(client, token, config)
     response = client.get("/api/v1/jobs?page=0&per_page=x&status=done", headers=bearer(token))
     assert response.status_code == 422 and set(response.json["errors"]) == {"page", "per_page", "status"}
     job = create_job(client, token, config)
-    for suffix in ("", "/metrics", "/samples", "/checkpoints", "/model", "/events"):
+    for suffix in ("", "/metrics", "/samples", "/checkpoints", "/model", "/best_model", "/events"):
         response = client.get(f"/api/v1/jobs/{job['id'] + 100}{suffix}", headers=bearer(token))
         assert response.status_code == 404, suffix
     assert client.get("/api/v1/jobs/99999999999999", headers=bearer(token)).status_code == 404

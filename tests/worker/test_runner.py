@@ -490,3 +490,37 @@ def test_a_failed_jobs_error_and_events_hold_no_server_url_password_or_path(tmp_
     for text in (job.error, events):
         assert "pa55word" not in text and "127.0.0.1:9" not in text and str(run_dir.resolve()) not in text
     engine.dispose()
+
+
+@pytest.mark.slow(40)  # eight trainer starts (their imports: ~5 s of CPU each): 34 s on two idle cores
+def test_a_job_of_each_reinforce_preset_succeeds_with_the_presets_knobs(tmp_path, job_config):
+    """Issue 32: a service job of every reinforce.algorithm preset runs to success through the runner (the real
+    trainer, one step each, so the suite pays a trainer start per preset and little more), and its stored resolved
+    config shows the preset's knobs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from aligner.config import ALGORITHM_PRESETS, load_yaml
+    from webapp.db import Base, make_engine, make_session_factory
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'aligner.db'}")
+    Base.metadata.create_all(engine)
+    factory = make_session_factory(engine)
+    jobs = {}
+    for preset in ALGORITHM_PRESETS:
+        config = job_config(max_steps=1, save_interval=1, val_check_interval=1, trainer={"num_val_prompts": 2})
+        config["reinforce"] = {**config["reinforce"], "algorithm": preset}
+        del config["reinforce"]["baseline"]  # the fixture's own choice would override the preset's
+        jobs[preset] = create_job(factory, config, tmp_path / preset)
+    settings = worker_settings(tmp_path, poll_interval=0.1)
+    with ThreadPoolExecutor(2) as pool:  # two trainers at once: one starts while the other trains
+        outcomes = dict(zip(jobs, pool.map(lambda job_id: run_job(job_id, settings, factory), jobs.values())))
+    for preset, job_id in jobs.items():
+        job = job_row(factory, job_id)
+        assert (outcomes[preset]["outcome"], job.status, job.step, job.error) == ("succeeded", "succeeded", 1, None)
+        assert job.config["reinforce"]["algorithm"] == preset
+        # The config the trainer resolved and saved beside the run: what it ran.
+        resolved = load_yaml((tmp_path / preset / "config.yaml").read_text())["reinforce"]
+        assert resolved["algorithm"] == preset
+        assert {knob: resolved[knob] for knob in ALGORITHM_PRESETS[preset]} == ALGORITHM_PRESETS[preset], preset
+        assert (tmp_path / preset / "final_policy").is_dir()
+    engine.dispose()

@@ -32,6 +32,10 @@ MIN_SMOOTH_POINTS = 10
 UNSMOOTHED = f" (raw: < {MIN_SMOOTH_POINTS} points)"
 RIGHT_AXIS = " (right axis)"
 RIGHT_MARGIN = 60  # room for the right axis' ticks and title
+# A note under a chart's title (e.g. the mismatch chart's advice): characters a line, about a narrow chart's width in
+# the title's small type, and the height each line adds.
+NOTE_LINE = 60
+NOTE_LINE_PX = 16
 KEEP_ZOOM_JS = """() => {
     const zooms = new Map();  // uirevision -> {axis: {range, type}}
     const RANGE = /^([xy]axis\\d*)\\.(range(\\[[01]\\])?|autorange)$/;
@@ -67,6 +71,17 @@ KEEP_ZOOM_JS = """() => {
     const scan = () => document.querySelectorAll(".js-plotly-plot").forEach(follow);
     new MutationObserver(scan).observe(document.body, {childList: true, subtree: true});
 }"""
+
+
+def note_lines(note: str) -> list[str]:
+    """A chart's note in lines of at most NOTE_LINE characters (plotly does not wrap a title), broken at spaces."""
+    lines: list[str] = []
+    for word in note.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= NOTE_LINE:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
 
 
 def ema(values: list[float], smoothing: float) -> list[float]:
@@ -120,12 +135,14 @@ def line_chart(
     right: Sequence[str] = (),
     right_title: str = "",
     uirevision: str | None = None,
+    note: str = "",
 ) -> go.Figure:
     """One chart of `frame` (step, value, series), a coloured line with markers per series. With `smoothing` > 0 the
     raw points of a series of at least MIN_SMOOTH_POINTS are drawn faint and its EMA line solid (a shorter one stays
     raw, its legend says why); `log_y` is honoured only when every value is > 0 (the title says when it is not) and
     applies to the left axis. The series named in `right` are drawn on a linear y axis on the right titled
-    `right_title` when the chart has other series too; `uirevision` keeps the user's zoom across redraws."""
+    `right_title` when the chart has other series too; `uirevision` keeps the user's zoom across redraws; a `note`
+    goes under the title, in smaller type, broken into lines of at most NOTE_LINE characters."""
     fig = go.Figure()
     names = list(dict.fromkeys(frame["series"])) if len(frame) else []
     on_right = {n for n in names if n in set(right)} if set(names) - set(right) else set()
@@ -172,10 +189,12 @@ def line_chart(
     x_max = x_range[1] if x_range else (float(frame["step"].max()) if len(frame) else 1.0)
     x_min = x_range[0] if x_range else 0.0
     pad = max(0.3, (x_max - x_min) * 0.02)  # the first and last markers drawn whole
+    lines = note_lines(note)
+    text = title + "".join(f"<br><sup>{line}</sup>" for line in lines)
     fig.update_layout(
-        title={"text": title, "font": {"size": 14}},
-        height=HEIGHT,
-        margin={"l": 50, "r": RIGHT_MARGIN if on_right else 10, "t": 40, "b": 40},
+        title={"text": text, "font": {"size": 14}},
+        height=HEIGHT + NOTE_LINE_PX * len(lines),
+        margin={"l": 50, "r": RIGHT_MARGIN if on_right else 10, "t": 40 + NOTE_LINE_PX * len(lines), "b": 40},
         legend={"orientation": "h", "y": -0.25},
         hovermode="closest",
         template="plotly_white",

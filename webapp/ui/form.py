@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from aligner.config import TrainConfig, load_yaml
+from aligner.config import ALGORITHM_PRESETS, ALGORITHM_SUMMARIES, ReinforceConfig, TrainConfig, load_yaml
 from webapp.advice import training_warnings
 from webapp.stack import DEMO_POLICY, DEMO_REWARD_MODEL, DEMO_REWARD_SERVER
 
@@ -25,6 +25,7 @@ from webapp.stack import DEMO_POLICY, DEMO_REWARD_MODEL, DEMO_REWARD_SERVER
 FORM_FIELDS: dict[str, tuple[str, str, str]] = {
     "name": ("name", "Job name", "text"),
     "algorithm": ("config.algorithm", "Algorithm", "choice"),
+    "reinforce_algorithm": ("config.reinforce.algorithm", "REINFORCE preset", "choice"),
     "policy": ("config.model.policy", "Policy", "catalogue"),
     "tokenizer": ("config.model.tokenizer", "Tokenizer", "catalogue"),
     "backend": ("config.model.backend", "Backend", "choice"),
@@ -65,6 +66,7 @@ SOURCE_KEYS = {
     "critic": ("model", "server", "model_path", "server_url"),
 }
 PPO_ONLY = ("critic_source", "critic_model", "critic_server")
+REINFORCE_ONLY = ("reinforce_algorithm",)
 # The line under the Backend field: when to use which (docs/scaling.md, "Memory: which backend fits").
 BACKEND_HELP = (
     "**hf**: the model's training state (about 16 bytes a parameter) fits one device; more processes are data "
@@ -101,11 +103,16 @@ def config_default(path: str) -> Any:
     return None if field.is_required() else field.get_default(call_default_factory=True)
 
 
-# A choice field offers the values of its Literal in aligner.config (e.g. the algorithms).
+# A choice field offers the values of its Literal in aligner.config (e.g. the algorithms); the REINFORCE preset, the
+# keys of aligner.config's ALGORITHM_PRESETS, each shown with its line on what it is for (CHOICE_LABELS).
 CHOICES: dict[str, list[str]] = {
     key: list(get_args(config_field(path).annotation))
     for key, (path, _label, kind) in FORM_FIELDS.items()
     if kind == "choice"
+}
+CHOICES["reinforce_algorithm"] = list(ALGORITHM_PRESETS)
+CHOICE_LABELS: dict[str, list[tuple[str, str]]] = {
+    "reinforce_algorithm": [(f"{name}: {ALGORITHM_SUMMARIES[name]}", name) for name in ALGORITHM_PRESETS]
 }
 # The form before a preset is chosen: aligner.config's defaults (the fields without one start empty), and the first
 # of each source.
@@ -145,6 +152,8 @@ def visible_fields(values: dict[str, Any]) -> dict[str, bool]:
     shown["function_args"] = shown["reward_function"]
     if values.get("algorithm") != "ppo":
         shown.update({key: False for key in PPO_ONLY})
+    else:  # PPO has no use for the REINFORCE presets
+        shown.update({key: False for key in REINFORCE_ONLY})
     return shown
 
 
@@ -315,6 +324,7 @@ def _preset(config: dict, name: str) -> dict[str, Any]:
     """{"form": values, "yaml": the rest of the config} of a job config."""
     form = {**JOB_DEFAULTS, **form_from_config(config), "name": name}
     form.setdefault("backend", DEFAULTS["backend"])
+    form.setdefault("reinforce_algorithm", DEFAULTS["reinforce_algorithm"])
     rest = copy.deepcopy(config)
     for path, _label, kind in FORM_FIELDS.values():
         section, _, leaf = path.removeprefix("config.").partition(".")
@@ -366,7 +376,8 @@ def presets(data_dir: Path | None) -> dict[str, dict[str, Any]]:
 PPO_SECTIONS = ("ppo", "critic")  # a REINFORCE job has no use for these
 ADVANCED_HEADER = (
     "# Advanced settings, merged under the fields above: this YAML is sent as shown.\n"
-    "# The knobs people change most, at aligner's defaults; any other config key may be added.\n"
+    "# The knobs people change most, at aligner's defaults (reinforce: the REINFORCE preset's); any other config key "
+    "may be added.\n"
 )
 # section -> [(leaf, example, why)]: the example and why serve where aligner.config has no such field yet (a
 # commented line then); otherwise its default and description are shown.
@@ -385,29 +396,49 @@ ADVANCED_EXAMPLE = (
 )
 
 
-def _knob_line(section: str, leaf: str, example: Any, why: str) -> tuple[str, bool]:
-    """(`  leaf: value  # why`, whether aligner.config knows the field): its default and description when it does."""
+def preset_knobs(preset: str) -> dict[str, Any]:
+    """Every reinforce knob as REINFORCE preset `preset` sets it (aligner.config resolves it: a knob no preset sets
+    keeps its default)."""
+    return ReinforceConfig(algorithm=preset).model_dump()
+
+
+# The reinforce knobs some preset sets: choosing a preset gives these its values, in the form and the advanced box.
+PRESET_KNOBS = frozenset(knob for knobs in ALGORITHM_PRESETS.values() for knob in knobs)
+# The form's fields that are such knobs (the KL penalty), by their leaf in the reinforce section.
+PRESET_FIELDS = {
+    key: leaf
+    for key, (path, _label, _kind) in FORM_FIELDS.items()
+    if path.startswith("config.reinforce.") and (leaf := path.removeprefix("config.reinforce.")) in PRESET_KNOBS
+}
+
+
+def _knob_line(section: str, leaf: str, example: Any, why: str, preset: str) -> tuple[str, bool]:
+    """(`  leaf: value  # why`, whether aligner.config knows the field): its default (a reinforce knob: as REINFORCE
+    preset `preset` sets it) and description when it does."""
     try:
         field = config_field(f"config.{section}.{leaf}")
     except (KeyError, StopIteration):
         value, known = example, False
     else:
         value, known = config_default(f"config.{section}.{leaf}"), True
+        if section == "reinforce":
+            value = preset_knobs(preset)[leaf]
         why = (field.description or why).rstrip(".")
     dumped = yaml.safe_dump(value, default_flow_style=True, width=1000).removesuffix("...\n").strip()
     return f"  {leaf}: {dumped}  # {why}", known
 
 
-def advanced_yaml(algorithm: str) -> str:
-    """The advanced box's YAML for a new job of `algorithm`: the few knobs people change (PPO's only for PPO), each at
-    its default with what it does; knobs this aligner does not have yet are commented out."""
+def advanced_yaml(algorithm: str, preset: str = "rloo") -> str:
+    """The advanced box's YAML for a new job of `algorithm` (REINFORCE: of REINFORCE preset `preset`): the few knobs
+    people change (PPO's only for PPO), each at its default (the preset's) with what it does; knobs this aligner does
+    not have yet are commented out."""
     parts = [ADVANCED_HEADER]
     for section, knobs in ADVANCED_KNOBS.items():
         if section in PPO_SECTIONS and algorithm != "ppo":
             continue
         if section == "reinforce" and algorithm == "ppo":
             continue
-        lines = [_knob_line(section, *knob) for knob in knobs]
+        lines = [_knob_line(section, *knob, preset if preset in ALGORITHM_PRESETS else "rloo") for knob in knobs]
         if all(known for _line, known in lines):
             parts.append(f"{section}:\n" + "".join(f"{line}\n" for line, _known in lines))
         else:
@@ -423,11 +454,19 @@ def sections_that_apply(config: dict, algorithm: str) -> dict:
     return {key: value for key, value in config.items() if key not in PPO_SECTIONS}
 
 
-def advanced_for(algorithm: str, current: str) -> str:
-    """The advanced box after the algorithm changed: the new algorithm's template when the box still holds a template
-    (or nothing), else the user's YAML less the sections that no longer apply (unchanged when none)."""
-    if not (current or "").strip() or current in (advanced_yaml("reinforce"), advanced_yaml("ppo")):
-        return advanced_yaml(algorithm)
+def is_template(text: str) -> bool:
+    """Whether the advanced box holds nothing or one of its templates, as the form wrote it (no edit to keep)."""
+    if not (text or "").strip():
+        return True
+    return text == advanced_yaml("ppo") or any(text == advanced_yaml("reinforce", p) for p in ALGORITHM_PRESETS)
+
+
+def advanced_for(algorithm: str, current: str, preset: str = "rloo") -> str:
+    """The advanced box after the algorithm changed: the new algorithm's template (REINFORCE: of preset `preset`)
+    when the box still holds a template (or nothing), else the user's YAML less the sections that no longer apply
+    (unchanged when none)."""
+    if is_template(current):
+        return advanced_yaml(algorithm, preset)
     try:
         parsed = load_yaml(current)
     except yaml.YAMLError:
@@ -438,6 +477,28 @@ def advanced_for(algorithm: str, current: str) -> str:
     if kept == parsed:
         return current
     return yaml.safe_dump(kept, sort_keys=False) if kept else ""
+
+
+def choose_preset(preset: str, current: str) -> tuple[dict[str, Any], str]:
+    """(form field -> value, advanced box) once REINFORCE preset `preset` is chosen: the form's fields that are knobs
+    of a preset (PRESET_FIELDS: the KL penalty) and those knobs in the advanced box take the preset's values, so
+    the job runs the preset as its paper sets it (the form sends every field it shows, and a knob sent wins over the
+    preset). A template box becomes the preset's template; a box the user edited keeps every other key (and its
+    text when it names no such knob). Change a knob after choosing the preset to depart from it."""
+    knobs = preset_knobs(preset if preset in ALGORITHM_PRESETS else "rloo")
+    fields = {key: knobs[leaf] for key, leaf in PRESET_FIELDS.items()}
+    if is_template(current):
+        return fields, advanced_yaml("reinforce", preset)
+    try:
+        parsed = load_yaml(current)
+    except yaml.YAMLError:
+        return fields, current  # the submit says what is wrong with it
+    section = parsed.get("reinforce") if isinstance(parsed, dict) else None
+    if not isinstance(section, dict) or not set(section) & (PRESET_KNOBS | {"algorithm"}):
+        return fields, current
+    section = {key: knobs[key] if key in PRESET_KNOBS else value for key, value in section.items()}
+    section.pop("algorithm", None)  # the form's field says which preset
+    return fields, yaml.safe_dump({**parsed, "reinforce": section}, sort_keys=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ ALARM_WORDS = {
     "zero_spread": "zero reward spread",
     "nonfinite": "non-finite values",
     "ending_collapse": "ending collapse",
+    "entropy_collapse": "entropy collapse",
 }
 SELECTED = "▶"  # the selected job's row (a table refresh clears Gradio's own highlight)
 

@@ -33,6 +33,7 @@ from webapp.ui.job_view import (
     ACTIVE,
     GOLD_AXIS_TITLE,
     append_metrics,
+    chart_notes,
     chart_revision,
     event_log,
     gold_series,
@@ -79,10 +80,12 @@ def download_dir(now: float | None = None) -> Path:
 
 
 def chart_figure(job: dict, title: str, frame: pd.DataFrame, y_title: str, smoothing: float, log_y: bool,
-                 x_range: tuple[float, float]):  # fmt: skip
-    """One chart of the job's: its gold rewards on their own right axis, its zoom kept across redraws."""
+                 x_range: tuple[float, float], note: str = ""):  # fmt: skip
+    """One chart of the job's: its gold rewards on their own right axis, its zoom kept across redraws, its note
+    (job_view.chart_notes) under its title."""
     return line_chart(frame, title, y_title, smoothing, log_y, x_range, right=gold_series(frame),
-                      right_title=GOLD_AXIS_TITLE, uirevision=chart_revision(job.get("id"), title))  # fmt: skip
+                      right_title=GOLD_AXIS_TITLE, uirevision=chart_revision(job.get("id"), title),
+                      note=note)  # fmt: skip
 
 
 def download_target(name: str) -> Path:
@@ -99,11 +102,13 @@ def draw(view: dict, smoothing: float, log_y: bool) -> list:
     if not job:
         return [gr.update(), *[gr.update() for _ in range(NUM_PLOTS)]]
     charts = job_charts(body)
+    notes = chart_notes(body, job.get("config"))
     x_range = x_extent(job.get("max_steps"), last_step(body), job["status"] in ACTIVE)
     updates = [
-        gr.update(value=chart_figure(job, title, frame, y_title, smoothing, log_y and log, x_range), visible=True)
+        gr.update(value=chart_figure(job, title, frame, y_title, smoothing, log_y and log, x_range,
+                                     notes.get(title, "")), visible=True)
         for title, frame, y_title, log in charts
-    ]
+    ]  # fmt: skip
     updates += [gr.update(value=None, visible=False)] * (NUM_PLOTS - len(updates))
     return ["" if charts else waiting_message(job), *updates]
 
@@ -152,7 +157,9 @@ def job_page_tab(session: Session) -> None:
             model_button = gr.Button(
                 "Download model", elem_id="download-model", interactive=False, size="sm", scale=0, min_width=160
             )
-            model_file = gr.File(label="Final policy zip", elem_id="model-file", interactive=False, visible=False)
+            best_button = gr.Button("Download best policy", elem_id="download-best-model", size="sm", scale=0,
+                                    min_width=180)  # fmt: skip
+            model_file = gr.File(label="Policy zip", elem_id="model-file", interactive=False, visible=False)
             model_msg = gr.Markdown(elem_id="model-msg")
         with gr.Row():
             smoothing = gr.Slider(0, 0.99, value=0.0, step=0.01, label="Smoothing (EMA)", elem_id="smoothing")
@@ -232,6 +239,15 @@ def job_page_tab(session: Session) -> None:
         name = f"job_{jid}_final_policy.zip"
         return fetch_zip(token, f"/jobs/{jid}/model", name, f"Final policy of job {jid} (a Hugging Face folder)")
 
+    def download_best_model(token: str, state: dict):
+        """[model file, message]: the job's best policy so far (GET /jobs/{id}/best_model): the policy of its best
+        validation by trainer.best_metric, while it runs too; the API says when there is none yet."""
+        jid = (state or {}).get("job_id")
+        if not token or jid is None:
+            return gr.update(), "Sign in and select a job first."
+        name = f"job_{jid}_best_policy.zip"
+        return fetch_zip(token, f"/jobs/{jid}/best_model", name, f"Best policy of job {jid} (a Hugging Face folder)")
+
     def redraw(state: dict, smooth: float, log: bool):
         return draw(state or {}, smooth, log)
 
@@ -255,3 +271,4 @@ def job_page_tab(session: Session) -> None:
         control.change(redraw, [view, smoothing, log_y], [charts_msg, *plots], show_progress="hidden")
     checkpoints.select(download_checkpoint, [session.token, view, checkpoints], [download, download_msg])
     model_button.click(download_model, [session.token, view], [model_file, model_msg])
+    best_button.click(download_best_model, [session.token, view], [model_file, model_msg])

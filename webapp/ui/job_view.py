@@ -17,6 +17,8 @@ from aligner.metrics import (
     CHARTS,
     GOLD_REWARD_PREFIX,
     INIT_POLICY_KL,
+    MISMATCH_KL,
+    MISMATCH_KL_WORTH_CORRECTING,
     OPTIM_PREFIX,
     ROLLOUTS_PREFIX,
     TIMER_STEP,
@@ -59,9 +61,21 @@ def _metrics(body: dict) -> dict[str, list]:
     return metrics if isinstance(metrics, dict) else {}
 
 
+def series_labels(names: list[str]) -> dict[str, str]:
+    """The legend labels of a chart's metrics: series_label's, except where two of them would read alike (pass@1 and
+    pass@k are both "validation", the clip fractions all "train"): those are labelled by their own names' last part
+    (`train_optim/clip_fraction_low`: "clip_fraction_low"), so no two series merge into one line."""
+    plain = {name: series_label(name) for name in names}
+    counts: dict[str, int] = {}
+    for label in plain.values():
+        counts[label] = counts.get(label, 0) + 1
+    return {name: (label if counts[label] == 1 else name.rpartition("/")[2]) for name, label in plain.items()}
+
+
 def job_charts(body: dict) -> list[tuple[str, pd.DataFrame, str, bool]]:
     """(title, data, y title, log) of the job page's charts that have data, in the registry's order
-    (aligner/metrics.py CHARTS): each draws its metrics, then the logged gold rewards its spec names, by name."""
+    (aligner/metrics.py CHARTS): each draws its metrics, then the logged gold rewards its spec names, by name; each
+    series labelled apart from the chart's others (series_labels)."""
     logged = _metrics(body)
     charts = []
     for chart in CHARTS:
@@ -70,9 +84,30 @@ def job_charts(body: dict) -> list[tuple[str, pd.DataFrame, str, bool]]:
         frame = metrics_frame(body, names)
         if len(frame):  # the legend in the order of `names`
             frame = frame.sort_values("series", key=lambda col: col.map(names.index), kind="stable")
-            frame["series"] = frame["series"].map(series_label)
+            frame["series"] = frame["series"].map(series_labels(list(dict.fromkeys(frame["series"]))))
             charts.append((chart.title, frame, chart.unit, chart.log))
     return charts
+
+
+def chart_notes(body: dict, config: dict | None) -> dict[str, str]:
+    """Chart title -> a line the chart shows under its title. The engine-trainer mismatch chart: when the latest
+    train_rollouts/mismatch_kl is above MISMATCH_KL_WORTH_CORRECTING, that the rollout correction is worth switching
+    on (reinforce.rollout_correction: tis or mis), or, with one on already (the job's resolved `config`), that it
+    is."""
+    points = [point for point in _metrics(body).get(MISMATCH_KL) or [] if point[1] is not None]
+    if not points:
+        return {}
+    latest = float(max(points, key=lambda point: point[0])[1])
+    if not latest > MISMATCH_KL_WORTH_CORRECTING:
+        return {}
+    reinforce = (config or {}).get("reinforce") if isinstance(config, dict) else None
+    correction = reinforce.get("rollout_correction") if isinstance(reinforce, dict) else None
+    over = f"mismatch KL {latest:.2g} > {MISMATCH_KL_WORTH_CORRECTING:g}"
+    if correction in (None, "none"):
+        note = f"{over}: the correction is worth switching on (reinforce.rollout_correction: tis or mis)"
+    else:
+        note = f"{over}: the correction is on (reinforce.rollout_correction: {correction})"
+    return {chart_of(MISMATCH_KL): note}
 
 
 def gold_series(frame: pd.DataFrame) -> list[str]:

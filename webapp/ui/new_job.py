@@ -18,9 +18,11 @@ from webapp.ui import catalogue
 from webapp.ui.api import REJECTED, ApiError
 from webapp.ui.form import (
     BACKEND_HELP,
+    CHOICE_LABELS,
     CHOICES,
     DEFAULT_PRESET,
     FORM_FIELDS,
+    PRESET_FIELDS,
     SOURCE_CHOICES,
     TRY_GROUP_COLUMNS,
     TRY_PROMPTS,
@@ -29,6 +31,7 @@ from webapp.ui.form import (
     FormError,
     advanced_for,
     build_job,
+    choose_preset,
     dry_run_markdown,
     form_warnings,
     per_field_errors,
@@ -42,7 +45,7 @@ from webapp.ui.tabs import Session, set_in_browser
 
 # The New job form's rows; a field that does not apply (visible_fields) is hidden.
 FORM_ROWS = [
-    ["name", "algorithm"],
+    ["name", "algorithm", "reinforce_algorithm"],
     ["policy", "tokenizer"],
     ["backend", "num_processes"],
     ["train_dataset", "val_dataset"],
@@ -56,7 +59,7 @@ FORM_ROWS = [
 PICKERS = [key for key, (_path, _label, kind) in FORM_FIELDS.items() if kind in ("catalogue", "dataset")]
 # The fields whose visibility depends on others (the sources, the algorithm).
 TOGGLED = ["reward_function", "reward_model", "reward_server", "function_args", "critic_source", "critic_model",
-           "critic_server"]  # fmt: skip
+           "critic_server", "reinforce_algorithm"]  # fmt: skip
 # A try generates and scores in a subprocess on the API's machine, bounded there (TRY_TIMEOUT_S, 120 s by default);
 # the dry run includes a short try.
 TRY_WAIT_S = 150
@@ -78,7 +81,7 @@ def _form_input(key: str, value: Any):
     _path, label, kind = FORM_FIELDS[key]
     elem_id = f"f-{key}"
     if kind == "choice":
-        return gr.Dropdown(CHOICES[key], label=label, value=value, elem_id=elem_id)
+        return gr.Dropdown(CHOICE_LABELS.get(key, CHOICES[key]), label=label, value=value, elem_id=elem_id)
     if kind == "source":
         return gr.Radio(SOURCE_CHOICES[key], label=label, value=value, elem_id=elem_id)
     if kind in ("catalogue", "dataset"):
@@ -344,6 +347,11 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
             values.append(value)
         return [*values, chosen["yaml"]]
 
+    def pick_preset(preset: str, advanced_yaml: str):
+        """The knobs the chosen REINFORCE preset sets, in the form and the advanced box (form.choose_preset)."""
+        fields, text = choose_preset(preset, advanced_yaml)
+        return [*(fields[key] for key in PRESET_FIELDS), text]
+
     def toggle(*values):
         shown = visible_fields(dict(zip(inputs, values, strict=True)))
         return [gr.update(visible=shown[key]) for key in TOGGLED]
@@ -368,7 +376,10 @@ def new_job_tab(session: Session, preset_map: dict[str, dict[str, Any]]) -> None
     preset.change(apply_preset, [preset, lists, *pickers], [*inputs.values(), advanced])
     for key in ("algorithm", "reward_source", "critic_source"):
         inputs[key].change(toggle, list(inputs.values()), [columns[key] for key in TOGGLED])
-    inputs["algorithm"].input(advanced_for, [inputs["algorithm"], advanced], [advanced])
+    inputs["algorithm"].input(advanced_for, [inputs["algorithm"], advanced, inputs["reinforce_algorithm"]], [advanced])
+    # The user's choice only: a form preset sets the field too, with its own knobs, which must stay.
+    inputs["reinforce_algorithm"].input(pick_preset, [inputs["reinforce_algorithm"], advanced],
+                                        [*(inputs[key] for key in PRESET_FIELDS), advanced])  # fmt: skip
     inputs["reward_function"].change(describe_function, [lists, inputs["reward_function"]], [function_help])
     for key, box in inputs.items():  # a fixed field's error goes at once
         set_in_browser([box.change], [errs[key]], [""])
