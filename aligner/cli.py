@@ -157,7 +157,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aligner", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="run REINFORCE / RLOO or PPO training from a YAML config")
+    from aligner.config import ALGORITHM_SUMMARIES
+
+    presets = "\n".join(f"  {name:<13} {line}" for name, line in ALGORITHM_SUMMARIES.items())
+    train = sub.add_parser(
+        "train",
+        help="run REINFORCE / RLOO, the GRPO family or PPO training from a YAML config",
+        description="Train a policy. reinforce.algorithm (e.g. --set reinforce.algorithm=dapo) picks a preset:\n"
+        + presets,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     train.add_argument("--config", required=True, help="YAML config file")
     add_set_flag(train, "reinforce.num_rollouts_per_prompt=8")
     train.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in run_dir")

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# A mismatch KL (k3, per token) above this makes the rollout correction worth switching on: the bf16 engines the
-# peers measured sit at 1e-4 to 1e-3 and train stably uncorrected; above 1e-3 the ratio's spread grows with the
-# response length (docs/training.md "Rollout correction").
+# A mismatch KL (k3, per token) above this makes the rollout correction worth switching on. A judgement, not a
+# measured boundary: k3 ~ d^2 / 2, so 1e-3 is a per-token log ratio of ~0.045 rms, and a 500-token response's
+# summed log ratio then spreads by ~1 (a factor e in its sequence ratio): the engine's samples are no longer the
+# trainer's policy's (docs/training.md, "Rollout correction").
 MISMATCH_KL_WORTH_CORRECTING = 1e-3
 
 # Which trainer logs a metric.

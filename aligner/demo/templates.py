@@ -35,11 +35,11 @@ generation:
   temperature: 1.0
   batch_size: 64
 reinforce:
+  # A preset of the knobs (docs/training.md): rloo, nemo, grpo, dr_grpo, dapo, gspo, cispo, reinforce_pp. A knob
+  # written here (initial_policy_kl_penalty, baseline, ...) would override every preset's.
+  algorithm: rloo
   num_prompts_per_step: 8
   num_rollouts_per_prompt: 4
-  initial_policy_kl_penalty: 0.02
-  kl_estimator: abs
-  baseline: rloo
 optim:
   lr: 3.0e-4
   min_lr: 3.0e-5
