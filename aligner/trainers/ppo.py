@@ -254,7 +254,7 @@ class PPOTrainer(ReinforceTrainer):
             with self.timers.time(TIMER_REWARD):
                 prompts, reward_future = self._score(gen, data, prompt_indices)
         batch = gen.response_batch()
-        logprobs, ref_logprobs = self._policy_and_reference_logprobs(gen, batch)
+        logprobs, ref_logprobs, _ = self._policy_and_reference_logprobs(gen, batch)
         with self.timers.time(TIMER_CRITIC_INFER):
             all_values, _ = critic_future.result()
         with self.timers.time(TIMER_REWARD):

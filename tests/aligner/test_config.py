@@ -174,7 +174,8 @@ MEGATRON = ["model.backend=megatron"]
         (
             MEGATRON + ["reinforce.algorithm=dapo"],
             "model.backend: megatron cannot be combined with reinforce.policy_loss: clip",
-            MEGATRON + ["reinforce.algorithm=dapo", "reinforce.policy_loss=reinforce"],
+            MEGATRON
+            + ["reinforce.algorithm=dapo", "reinforce.policy_loss=reinforce", "reinforce.dynamic_sampling=false"],
         ),
         (
             ["reinforce.num_epochs=2"],

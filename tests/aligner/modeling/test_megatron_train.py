@@ -113,6 +113,9 @@ def test_tensor_parallel_2_trains_like_the_hf_backend(tmp_path, tiny_policy_dir,
     ma, mb_ = _without_timers(read_jsonl(hf_run / "metrics.jsonl")), _without_timers(read_jsonl(tp2 / "metrics.jsonl"))
     assert [r["step"] for r in mb_] == [0, 1, 2]
     assert ma[1]["train_optim/grad_norm"] > 0.05  # clipped: the norm over the shards counts
+    # The engine-trainer mismatch is measured on the first training pass, which Megatron's schedule keeps to itself.
+    mismatch = {"train_rollouts/mismatch_kl", "train_rollouts/mismatch_ppl_ratio"}
+    ma = [{k: v for k, v in r.items() if k not in mismatch} for r in ma]
     for ra, rb in zip(ma, mb_):
         assert ra.keys() == rb.keys()
         for key in ra:
