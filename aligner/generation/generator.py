@@ -260,6 +260,36 @@ def seen_tokens(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, vocab_size:
     return seen.scatter_(1, ids, True)[:, :vocab_size]
 
 
+def select_samples(gen: GenerationOutput, keep: torch.Tensor) -> GenerationOutput:
+    """The samples of `gen` where `keep` ([B] bool) holds, in order, their groups renumbered 0, 1, ... (a kept
+    group keeps its samples together: `keep` is meant to hold or drop whole groups)."""
+    rows = keep.nonzero().squeeze(-1)
+    groups = gen.group_ids[rows]
+    return GenerationOutput(
+        prompt_ids=gen.prompt_ids[rows],
+        prompt_mask=gen.prompt_mask[rows],
+        response_ids=gen.response_ids[rows],
+        response_mask=gen.response_mask[rows],
+        logprobs=gen.logprobs[rows],
+        is_end=gen.is_end[rows],
+        group_ids=torch.unique_consecutive(groups, return_inverse=True)[1] if rows.numel() else groups,
+        responses=[gen.responses[i] for i in rows.tolist()],
+    )
+
+
+def concat_samples(parts: list[GenerationOutput], pad_id: int) -> GenerationOutput:
+    """`parts` one after the other, each part's groups after the previous part's (prompt-major order kept)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = _concat(parts, pad_id)
+    offsets, ids = 0, []
+    for part in parts:
+        ids.append(part.group_ids + offsets)
+        offsets += int(part.group_ids.max()) + 1 if part.group_ids.numel() else 0
+    out.group_ids = torch.cat(ids)
+    return out
+
+
 def _concat(chunks: list[GenerationOutput], pad_id: int) -> GenerationOutput:
     """Join chunks whose prompt and response widths differ: prompts pad on the left, responses on the right."""
     p = max(c.prompt_ids.shape[1] for c in chunks)

@@ -29,25 +29,45 @@ from typing import Any
 import torch
 
 from aligner import distributed
-from aligner.algorithms.grpo import REWARD_STD_EPS, aggregate_loss, grpo_advantages, kl_loss_term
+from aligner.algorithms.grpo import (
+    REWARD_STD_EPS,
+    aggregate_loss,
+    grpo_advantages,
+    kl_loss_term,
+    overlong_penalty,
+    per_token_policy_loss,
+    reinforce_pp_returns,
+    zero_spread_groups,
+)
 from aligner.algorithms.reinforce import (
     LOSS_AGGREGATIONS,
     advantages_from_baseline,
     kl_penalty,
+    masked_mean,
     reinforce_loss,
     response_loss_mask,
     rewards_with_kl,
     rloo_baseline,
-    truncated_importance_weights,
 )
+from aligner.algorithms.rollout_correction import mismatch_metrics, rollout_correction_weights
 from aligner.config import TrainConfig, save_config
 from aligner.data.prompts import PromptDataset, PromptSampler, build_prompt_dataset, read_prompt_file
 from aligner.durable import replace_durably
 from aligner.errors import ConfigError, RunDirError, ServerUnavailableError, disk_full_message
 from aligner.generation.engines import build_generator
-from aligner.generation.generator import GenerationOutput, _concat, resolve_compile
+from aligner.generation.generator import (
+    GenerationOutput,
+    _concat,
+    concat_samples,
+    resolve_compile,
+    select_samples,
+)
 from aligner.metrics import (
     BASELINE,
+    CLIP_FRACTION,
+    CLIP_FRACTION_HIGH,
+    CLIP_FRACTION_LOW,
+    DROPPED_GROUPS,
     GRAD_NORM,
     IMPORTANCE_WEIGHT,
     IMPORTANCE_WEIGHT_CAPPED,
@@ -55,6 +75,14 @@ from aligner.metrics import (
     LOSS,
     LR,
     MEMORY_PEAK,
+    MISMATCH_KL,
+    MISMATCH_PPL_RATIO,
+    OVERLONG_PENALTY,
+    RATIO_MAX,
+    RATIO_MEAN,
+    RATIO_MIN,
+    ROLLOUT_ENTROPY,
+    SAMPLING_ROUNDS,
     TIMER_GENERATE,
     TIMER_GENERATE_WAIT,
     TIMER_INIT_LOGPROBS,
@@ -136,6 +164,82 @@ RANK_SEED_STRIDE = 1 << 32  # rank r samples with seed + r * stride: its own noi
 
 
 @dataclass
+class PassStats:
+    """Sums over a step's training passes (this rank's), turned into the step's metrics over every rank by
+    `metrics`: the ratio's statistics (policy_loss clip / cispo), the rollout correction's, and the mismatch
+    between the engine's and the trainer's log-probs (over the tokens whose forward ran on the sampling weights)."""
+
+    ratio_tokens: float = 0.0
+    clip_low: float = 0.0
+    clip_high: float = 0.0
+    ratio_sum: float = 0.0
+    ratio_min: float = float("inf")
+    ratio_max: float = float("-inf")
+    correction_units: float = 0.0
+    correction_weight: float = 0.0
+    corrected: float = 0.0
+    mismatch_tokens: float = 0.0
+    mismatch_kl: float = 0.0
+    mismatch_log_ratio: float = 0.0  # sum of log pi_engine - log pi_trainer
+
+    def add_ratio(self, stats: dict[str, torch.Tensor], tokens: float) -> None:
+        if not tokens:
+            return
+        self.ratio_tokens += tokens
+        self.clip_low += stats["clip_frac_low"].item() * tokens
+        self.clip_high += stats["clip_frac_high"].item() * tokens
+        self.ratio_sum += stats["ratio_mean"].item() * tokens
+        self.ratio_min = min(self.ratio_min, stats["ratio_min"].item())
+        self.ratio_max = max(self.ratio_max, stats["ratio_max"].item())
+
+    def add_correction(self, stats: dict[str, torch.Tensor], units: float) -> None:
+        self.correction_units += units
+        self.correction_weight += stats["weight_mean"].item() * units
+        self.corrected += stats["share_corrected"].item() * units
+
+    def add_mismatch(self, trainer_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor) -> None:
+        tokens = mask.sum().item()
+        if tokens:
+            found = mismatch_metrics(trainer_logprobs, engine_logprobs, mask)
+            self.mismatch_tokens += tokens
+            self.mismatch_kl += found["mismatch_kl"].item() * tokens
+            self.mismatch_log_ratio += found["mismatch_ppl_ratio"].log().item() * tokens
+
+    def metrics(self, device: torch.device, ratio: bool, correction: bool) -> dict[str, float]:
+        sums = [self.ratio_tokens, self.clip_low, self.clip_high, self.ratio_sum, self.correction_units]
+        sums += [
+            self.correction_weight,
+            self.corrected,
+            self.mismatch_tokens,
+            self.mismatch_kl,
+            self.mismatch_log_ratio,
+        ]
+        (tokens, low, high, ratio_sum, units, weight, corrected, m_tokens, m_kl, m_log) = distributed.all_reduce_sum(
+            torch.tensor(sums, dtype=torch.float64, device=device)
+        ).tolist()
+        out: dict[str, float] = {}
+        if m_tokens:
+            out[MISMATCH_KL] = m_kl / m_tokens
+            out[MISMATCH_PPL_RATIO] = float(torch.tensor(m_log / m_tokens).exp())
+        if ratio and tokens:
+            extremes = distributed.max_over_ranks({"max": self.ratio_max, "min": -self.ratio_min})
+            out.update(
+                {
+                    CLIP_FRACTION: (low + high) / tokens,
+                    CLIP_FRACTION_LOW: low / tokens,
+                    CLIP_FRACTION_HIGH: high / tokens,
+                    RATIO_MEAN: ratio_sum / tokens,
+                    RATIO_MIN: -extremes["min"],
+                    RATIO_MAX: extremes["max"],
+                }
+            )
+        if correction:
+            out[IMPORTANCE_WEIGHT] = weight / max(units, 1)
+            out[IMPORTANCE_WEIGHT_CAPPED] = corrected / max(units, 1)
+        return out
+
+
+@dataclass
 class Rollout:
     """Everything the optimiser needs from one step's samples, plus what gets logged."""
 
@@ -146,8 +250,13 @@ class Rollout:
     # reinforce.kl_in: loss: the reference's log-probs of the sampled tokens, for the loss's KL term.
     ref_logprobs: torch.Tensor | None = None
     samples: list[dict[str, Any]] = field(default_factory=list)
-    # trainer.async_rollouts: the log-probs of the policy that sampled (one update behind), for importance weights.
-    behaviour_logprobs: torch.Tensor | None = None
+    # The generation engine's log-probs of the samples (the behaviour policy's: one update behind with async
+    # rollouts), for reinforce.rollout_correction's weights and the mismatch metrics.
+    engine_logprobs: torch.Tensor | None = None
+    # The trainer's log-probs at rollout time: the ratio's denominator when the rollout serves more than one pass
+    # (num_epochs, num_mini_batches); None when the one pass takes its own forward's, detached (ratio exactly 1).
+    old_logprobs: torch.Tensor | None = None
+    stats: PassStats = field(default_factory=PassStats)  # filled by the rollout-time forward and the passes
 
 
 @dataclass
@@ -598,19 +707,28 @@ class ReinforceTrainer:
             out[rows, : sub.response_ids.shape[1]] = fn(sub)
         return out
 
+    @property
+    def _reuses_rollouts(self) -> bool:
+        """Whether a rollout serves more than one training pass with the ratio to its policy: then the ratio's
+        denominator comes from a trainer forward at rollout time (`Rollout.old_logprobs`)."""
+        cfg = self.config.reinforce
+        return cfg.policy_loss != "reinforce" and (cfg.num_epochs > 1 or cfg.num_mini_batches > 1)
+
     def _policy_and_reference_logprobs(self, gen: GenerationOutput, batch: ResponseBatch):
-        """The policy's log-probs of the sampled tokens (from generation, or a forward pass) and the reference's."""
+        """(the policy's log-probs of the sampled tokens, from generation or a forward pass; the reference's; the
+        trainer's forward at rollout time, or None when neither use_generation_logprobs: false nor a reused rollout
+        asks for it)."""
+        trainer = None
         with self.timers.time(TIMER_LOGPROBS):
-            if self.config.reinforce.use_generation_logprobs:
-                logprobs = gen.logprobs
-            else:
+            if not self.config.reinforce.use_generation_logprobs or self._reuses_rollouts:
                 module = self.backend.rollout_module
                 module.eval()
                 with self.autocast():
-                    logprobs = self._logprobs(lambda sub: grouped_response_logprobs(module, sub), batch)
+                    trainer = self._logprobs(lambda sub: grouped_response_logprobs(module, sub), batch)
+            logprobs = gen.logprobs if self.config.reinforce.use_generation_logprobs else trainer
         with self.timers.time(TIMER_INIT_LOGPROBS), self.autocast():
             ref_logprobs = self._logprobs(self.reference.logprobs, batch)
-        return logprobs, ref_logprobs
+        return logprobs, ref_logprobs, trainer
 
     def rollout(self, prompt_indices: list[int], data: PromptDataset) -> Rollout:
         """Samples for this rank's share of the step's global `prompt_indices` (`_generate_share`); metrics over
@@ -619,23 +737,116 @@ class ReinforceTrainer:
         All samples of a prompt stay on one rank, so the RLOO baseline is exact locally.
         """
         prompt_indices, gen = self._generate_share(prompt_indices, data)
+        if self.config.reinforce.dynamic_sampling:
+            return self._dynamic_rollout(prompt_indices, gen, data)
         return self._score_rollout(prompt_indices, gen, data)
 
+    def _dynamic_rollout(self, prompt_indices: list[int], gen: GenerationOutput, data: PromptDataset) -> Rollout:
+        """DAPO's dynamic sampling: drop the groups whose rewards have no spread and sample more prompts (rounds of
+        num_prompts_per_step, drawn from the sampler as a step's are) until the step holds num_prompts_per_step
+        groups with spread, at most max_sampling_rounds extra rounds; groups beyond that number (in the order of
+        rounds, then ranks) are left out. With no group left at all the first round is kept whole (advantages 0).
+        The filter looks at the rewards as scored (before the KL and the overlong penalty), as DAPO's
+        `filter_groups` looks at the accuracy."""
+        cfg = self.config.reinforce
+        need, rounds = cfg.num_prompts_per_step, 0
+        rank, ranks = distributed.dp_rank(), distributed.dp_size()
+        parts = []  # per round: (samples, this rank's prompts, groups with spread, every rank's count of them)
+        while True:
+            with self.timers.time(TIMER_REWARD):
+                rewards = self._score(gen, data, prompt_indices)[1].result()
+            useful = gen.group_ids[~zero_spread_groups(rewards, gen.group_ids)].unique()
+            parts.append((gen, prompt_indices, useful, distributed.all_gather_objects(int(useful.numel()))))
+            found = sum(sum(part[3]) for part in parts)
+            if found >= need or rounds >= cfg.max_sampling_rounds:
+                break
+            rounds += 1
+            prompt_indices = distributed.shard(self.sampler.next_batch(need))
+            # Each round's samples have noise of their own: the slots after every rank's of the rounds before.
+            seed = self._sampling_seed(self.step, rank + rounds * ranks)
+            with self.timers.time(TIMER_GENERATE):
+                gen = self.generator.generate(
+                    [data.token_ids[i] for i in prompt_indices], cfg.num_rollouts_per_prompt, seed
+                )
+        seen = sum(distributed.all_gather_objects(sum(len(part[1]) for part in parts)))
+        if found == 0:
+            gen, indices = parts[0][0], parts[0][1]
+        else:
+            chosen, indices, left = [], [], need
+            for samples, prompts, useful, counts in parts:
+                mine = max(0, min(counts[rank], left - sum(counts[:rank])))  # the ranks before take theirs first
+                left = max(0, left - sum(counts))
+                groups = useful[:mine]
+                chosen.append(select_samples(samples, torch.isin(samples.group_ids, groups)))
+                indices += [prompts[int(g)] for g in groups]
+            gen = concat_samples(chosen, self.generator.pad_id)
+        extra = {DROPPED_GROUPS: 1.0 - min(found, need) / max(seen, 1), SAMPLING_ROUNDS: float(rounds)}
+        return self._score_rollout(indices, gen, data, extra_metrics=extra)
+
     def _score_rollout(
-        self, prompt_indices: list[int], gen: GenerationOutput, data: PromptDataset, off_policy: bool = False
+        self,
+        prompt_indices: list[int],
+        gen: GenerationOutput,
+        data: PromptDataset,
+        extra_metrics: dict[str, float] | None = None,
     ) -> Rollout:
         """`rollout` from the samples `gen` of this rank's `prompt_indices`: rewards, KL, baseline, advantages;
-        `off_policy` (async rollouts) keeps generation's log-probs as the behaviour policy's."""
+        generation's log-probs are kept as the engine's (the behaviour policy's), `extra_metrics` (global values)
+        join the step's."""
         cfg = self.config.reinforce
         with self.timers.time(TIMER_REWARD):
             prompts, future = self._score(gen, data, prompt_indices)
         batch = gen.response_batch()
-        logprobs, ref_logprobs = self._policy_and_reference_logprobs(gen, batch)
+        logprobs, ref_logprobs, trainer_logprobs = self._policy_and_reference_logprobs(gen, batch)
         with self.timers.time(TIMER_REWARD):
             rewards = future.result().to(logprobs.device)
 
+        extra = {}
+        scored = rewards
+        if cfg.overlong_buffer:
+            max_new = self.config.generation.max_new_tokens
+            penalty = overlong_penalty(gen.response_lengths, max_new, cfg.overlong_buffer, cfg.overlong_penalty)
+            scored = rewards + penalty.to(rewards)
+            extra[OVERLONG_PENALTY] = penalty.mean().item()
+        loss_mask = response_loss_mask(
+            # NeMo-Aligner's loss zeroes truncated samples whatever exclude_truncated says.
+            gen.response_mask,
+            gen.is_end,
+            cfg.exclude_truncated or cfg.loss_aggregation == "nemo",
+        )
         kl = kl_penalty(logprobs, ref_logprobs, gen.response_mask, estimator=cfg.kl_estimator)
-        shaped = rewards_with_kl(rewards, kl, cfg.initial_policy_kl_penalty if cfg.kl_in == "reward" else 0.0)
+        shaped = rewards_with_kl(scored, kl, cfg.initial_policy_kl_penalty if cfg.kl_in == "reward" else 0.0)
+        advantages, baseline = self._advantages(scored, shaped, gen, logprobs, ref_logprobs, loss_mask)
+        # Each sample's mean -log pi over its tokens: an estimate of the policy's entropy that needs no logits.
+        extra[ROLLOUT_ENTROPY] = masked_mean(-logprobs, gen.response_mask, dim=-1).mean().item()
+        # The newer metrics after the older ones: metrics.jsonl keeps its order.
+        metrics = {**rollout_metrics(gen, rewards, shaped, kl, {BASELINE: baseline.mean().item()}), **extra}
+        metrics = {**distributed.mean_over_ranks(metrics, weight=rewards.numel()), **(extra_metrics or {})}
+        per_sample = advantages if advantages.dim() == 1 else masked_mean(advantages, loss_mask, dim=-1)
+        samples = sample_rows(self.step + 1, "train", prompts, gen, rewards, kl, per_sample)
+        rollout = Rollout(
+            batch=batch,
+            loss_mask=loss_mask,
+            advantages=advantages,
+            metrics=metrics,
+            samples=samples,
+            engine_logprobs=gen.logprobs,
+            old_logprobs=trainer_logprobs if self._reuses_rollouts else None,
+            ref_logprobs=ref_logprobs if cfg.kl_in == "loss" else None,
+        )
+        if rollout.old_logprobs is not None:  # the mismatch over every sample (else the first pass measures it)
+            rollout.stats.add_mismatch(rollout.old_logprobs, gen.logprobs, gen.response_mask)
+        return rollout
+
+    def _advantages(self, scored, shaped, gen: GenerationOutput, logprobs, ref_logprobs, loss_mask):
+        """(advantages: [B], or [B, T] for reinforce_pp; the baseline [B]) of the rewards as scored (with any
+        overlong penalty) and as shaped by the KL (kl_in: reward)."""
+        cfg = self.config.reinforce
+        if cfg.advantage_estimator == "reinforce_pp":
+            # Per-token rewards (the KL folded in per token), returns whitened over every rank's valid tokens.
+            coef = cfg.initial_policy_kl_penalty
+            returns = reinforce_pp_returns(scored, logprobs, ref_logprobs, loss_mask, coef, cfg.kl_estimator)
+            return distributed.global_masked_whiten(returns, loss_mask), torch.zeros_like(shaped)
         if cfg.baseline == "rloo":
             baseline = rloo_baseline(shaped, gen.group_ids, gen.is_end)
         elif cfg.baseline == "group_mean":  # the group's mean, the sample's own reward where it has no group
@@ -651,21 +862,7 @@ class ReinforceTrainer:
                 advantages = advantages / (std + REWARD_STD_EPS)
         if cfg.normalize_advantages:
             advantages = distributed.global_whiten(advantages)  # over the global batch, as one process would
-        metrics = rollout_metrics(gen, rewards, shaped, kl, {BASELINE: baseline.mean().item()})
-        metrics = distributed.mean_over_ranks(metrics, weight=rewards.numel())
-        samples = sample_rows(self.step + 1, "train", prompts, gen, rewards, kl, advantages)
-        return Rollout(
-            batch=batch,
-            # NeMo-Aligner's loss zeroes truncated samples whatever exclude_truncated says.
-            loss_mask=response_loss_mask(
-                gen.response_mask, gen.is_end, cfg.exclude_truncated or cfg.loss_aggregation == "nemo"
-            ),
-            advantages=advantages,
-            metrics=metrics,
-            samples=samples,
-            behaviour_logprobs=gen.logprobs if off_policy else None,
-            ref_logprobs=ref_logprobs if cfg.kl_in == "loss" else None,
-        )
+        return advantages, baseline
 
     # ----------------------------------------------------------------------------------------------- async rollouts
     def _rollout_ahead(self, total: int) -> tuple[dict[str, Any], Rollout]:
@@ -678,7 +875,7 @@ class ReinforceTrainer:
         with self.timers.time(TIMER_GENERATE_WAIT):
             gen, seconds = ahead.future.result()
         self.timers.add(TIMER_GENERATE, seconds)
-        rollout = self._score_rollout(ahead.prompt_indices, gen, self.train_data, off_policy=True)
+        rollout = self._score_rollout(ahead.prompt_indices, gen, self.train_data)
         if self.step + 1 < total:
             # The engine still holds the weights before this step's update: the next samples are one update behind.
             self.ahead = self._generate_in_background(self.step + 1)
@@ -748,18 +945,23 @@ class ReinforceTrainer:
 
     # ----------------------------------------------------------------------------------------------- optimise
     def optimise(self, rollout: Rollout) -> dict[str, float]:
-        """`reinforce.num_mini_batches` AdamW steps over consecutive mini-batches of the rollout (its advantages
-        computed once), each over micro-batches with gradient accumulation; the LR schedule moves once."""
+        """`reinforce.num_epochs` passes over the rollout, each `reinforce.num_mini_batches` AdamW steps over
+        consecutive mini-batches (advantages computed once), each over micro-batches with gradient accumulation; the
+        LR schedule moves once."""
         if self.backend.steps_itself:
             return self._optimise_whole(rollout)
+        cfg = self.config.reinforce
         self.backend.trained.train()
         lr = self.optimizer.param_groups[0]["lr"]
-        losses, grad_norms, importance = [], [], []
+        losses, grad_norms = [], []
         with self.timers.time(TIMER_TRAIN):
-            for mini in self._mini_batches(rollout.advantages.shape[0]):
-                loss = self._accumulate_gradients(rollout, mini, importance)
-                losses.append(distributed.all_reduce_sum(torch.tensor(loss, device=self.device)).item())
-                grad_norms.append(self.backend.step(self.optimizer, self.config.optim.max_grad_norm))
+            for epoch in range(cfg.num_epochs):
+                for index, mini in enumerate(self._mini_batches(rollout.advantages.shape[0])):
+                    # Until the first optimiser step the weights are the ones that sampled (the proximal policy).
+                    fresh = epoch == 0 and index == 0
+                    loss = self._accumulate_gradients(rollout, mini, fresh)
+                    losses.append(distributed.all_reduce_sum(torch.tensor(loss, device=self.device)).item())
+                    grad_norms.append(self.backend.step(self.optimizer, self.config.optim.max_grad_norm))
             self.scheduler.step()
         self._push_weights()
         metrics = {
@@ -767,12 +969,8 @@ class ReinforceTrainer:
             GRAD_NORM: sum(grad_norms) / len(grad_norms),
             LR: lr,
         }
-        if rollout.behaviour_logprobs is not None:
-            sums = torch.tensor(importance or [[0.0] * 3], dtype=torch.float64, device=self.device).sum(0)
-            weight, capped, tokens = distributed.all_reduce_sum(sums).tolist()
-            metrics[IMPORTANCE_WEIGHT] = weight / max(tokens, 1)
-            metrics[IMPORTANCE_WEIGHT_CAPPED] = capped / max(tokens, 1)
-        return metrics
+        ratio, correction = cfg.policy_loss != "reinforce", cfg.rollout_correction != "none"
+        return {**metrics, **rollout.stats.metrics(self.device, ratio, correction)}
 
     def _mini_batches(self, local_size: int) -> list[slice]:
         """This rank's rows of each of the `reinforce.num_mini_batches` consecutive mini-batches of the GLOBAL rollout
@@ -787,7 +985,7 @@ class ReinforceTrainer:
             for a, b in zip(bounds, bounds[1:])
         ]
 
-    def _accumulate_gradients(self, rollout: Rollout, mini: slice, importance: list | None = None) -> float:
+    def _accumulate_gradients(self, rollout: Rollout, mini: slice, fresh: bool = True) -> float:
         """Backward of the loss of the rollout's rows `mini` (this rank's part of a global mini-batch), micro-batch by
         micro-batch; returns this rank's share of the mini-batch's loss.
 
@@ -795,12 +993,15 @@ class ReinforceTrainer:
         samples with a token for seq_mean, micro-batches for nemo), so the gradients summed over micro-batches and
         ranks are the mini-batch's, the same as one process computing it alone.
 
-        With async rollouts each token's term is weighed by its truncated importance weight against the behaviour
-        policy; (sum of the weights, tokens at the cap, tokens) of each micro-batch go to `importance`."""
-        aggregation = self.config.reinforce.loss_aggregation
+        The proximal log-probs (the ratio's denominator, policy_loss clip / cispo) are the rollout's `old_logprobs`,
+        or, on the one pass over unchanged weights, this forward's own, detached. reinforce.rollout_correction
+        weighs each token by its importance weight of the proximal against the engine's log-probs; `fresh` (no
+        optimiser step yet this rollout) lets the pass measure the engine-trainer mismatch on its way."""
+        cfg = self.config.reinforce
+        aggregation = cfg.loss_aggregation
         loss_mask, advantages = rollout.loss_mask[mini], rollout.advantages[mini]
-        behaviour = None if rollout.behaviour_logprobs is None else rollout.behaviour_logprobs[mini]
-        cap = self.config.reinforce.rollout_correction_cap
+        engine = None if rollout.engine_logprobs is None else rollout.engine_logprobs[mini]
+        old = None if rollout.old_logprobs is None else rollout.old_logprobs[mini]
         whole = mini.start == 0 and mini.stop == rollout.advantages.shape[0]
         micro = []
         if advantages.numel():
@@ -819,30 +1020,62 @@ class ReinforceTrainer:
         for rows, sub in self.backend.passes(micro):
             with self.training_autocast():
                 logprobs = grouped_response_logprobs(self.backend.trained, sub)
-            sub_mask = loss_mask[rows, : logprobs.shape[1]]
+            width = logprobs.shape[1]
+            sub_mask = loss_mask[rows, :width]
             normalizer = count * sub_mask.shape[0] if aggregation == "nemo" else count
+            proximal = logprobs.detach() if old is None else old[rows, :width]
+            sub_engine = None if engine is None else engine[rows, :width]
+            if fresh and old is None and sub_engine is not None:
+                rollout.stats.add_mismatch(proximal, sub_engine, sub.response_mask)
             weights = None
-            if behaviour is not None:
-                weights = truncated_importance_weights(logprobs, behaviour[rows, : logprobs.shape[1]], sub_mask, cap)
-                importance.append([weights.sum().item(), (weights == cap).sum().item(), sub_mask.sum().item()])
-            loss = self._loss(logprobs, advantages[rows], sub_mask, normalizer, weights, ref, rows)
+            if cfg.rollout_correction != "none" and sub_engine is not None:
+                weights, stats = rollout_correction_weights(
+                    proximal,
+                    sub_engine,
+                    sub_mask,
+                    cfg.rollout_correction,
+                    cfg.rollout_correction_level,
+                    cfg.rollout_correction_cap,
+                    cfg.rollout_correction_min,
+                )
+                units = sub_mask.sum() if cfg.rollout_correction_level == "token" else (sub_mask.sum(-1) > 0).sum()
+                rollout.stats.add_correction(stats, units.item())
+            loss = self._loss(logprobs, proximal, advantages[rows], sub_mask, normalizer, weights, ref, rows, rollout)
             loss.backward()
             total += loss.item()
         return total
 
-    def _loss(self, logprobs, advantages, mask, normalizer, weights, ref_logprobs, rows) -> torch.Tensor:
-        """One micro-batch's share of the loss: REINFORCE's (`reinforce_loss`), or, for the GRPO family's
-        aggregations and `kl_in: loss`, its per-token terms plus the coefficient times the per-token KL to the
-        reference (`kl_loss_term`), aggregated alike (`aggregate_loss`; Dr.GRPO's constant length is
-        generation.max_new_tokens)."""
+    def _loss(self, logprobs, proximal, advantages, mask, normalizer, weights, ref_logprobs, rows, rollout):
+        """One micro-batch's share of the loss: REINFORCE's (`reinforce_loss`), or, for policy_loss clip / cispo,
+        the GRPO family's aggregations or `kl_in: loss`, the per-token terms (-A log pi, or the clipped ratio's,
+        `per_token_policy_loss`) plus the coefficient times the per-token KL to the reference (`kl_loss_term`),
+        aggregated alike (`aggregate_loss`; Dr.GRPO's constant length is generation.max_new_tokens)."""
         cfg = self.config.reinforce
-        if ref_logprobs is None and cfg.loss_aggregation in LOSS_AGGREGATIONS:
+        width = logprobs.shape[1]
+        if advantages.dim() == 2:  # per token (reinforce_pp)
+            advantages = advantages[:, :width]
+        ratio = cfg.policy_loss != "reinforce"
+        if not ratio and ref_logprobs is None and cfg.loss_aggregation in LOSS_AGGREGATIONS:
             return reinforce_loss(logprobs, advantages, mask, cfg.loss_aggregation, normalizer, weights)
-        per_token = -logprobs * advantages.detach().to(logprobs.dtype)[:, None]
+        if ratio:
+            per_token, stats = per_token_policy_loss(
+                logprobs,
+                proximal,
+                advantages,
+                mask,
+                cfg.policy_loss,
+                cfg.epsilon_low,
+                cfg.epsilon_high,
+                cfg.dual_clip,
+                cfg.importance_level,
+            )
+            rollout.stats.add_ratio(stats, mask.sum().item())
+        else:
+            per_token = -logprobs * advantages.detach().to(logprobs.dtype)[:, None]
         if weights is not None:
             per_token = per_token * weights
         if ref_logprobs is not None:
-            reference = ref_logprobs[rows, : logprobs.shape[1]]
+            reference = ref_logprobs[rows, :width]
             coef = cfg.initial_policy_kl_penalty
             per_token = per_token + kl_loss_term(logprobs, reference, mask, coef, cfg.kl_estimator)
         horizon = self.config.generation.max_new_tokens

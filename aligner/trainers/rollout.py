@@ -109,6 +109,7 @@ def sample_rows(
                 "kl": float(kl[i]),
                 "advantage": None if advantages is None else float(advantages[i]),
                 "is_end": bool(gen.is_end[i]),
+                "response_length": int(gen.response_lengths[i]),
             }
         )
         if extra_rewards:

@@ -278,6 +278,19 @@ def test_two_ranks_with_the_grpo_familys_knobs_make_the_one_rank_update(tmp_path
     _assert_same_run(*_one_and_two_ranks(tmp_path, configs), optimiser_steps=2)
 
 
+def test_two_ranks_reusing_rollouts_with_reinforce_pp_make_the_one_rank_update(tmp_path, tiny_policy_dir):
+    """REINFORCE++'s per-token returns whitened over every rank's tokens, the clipped ratio per sequence with dual
+    clip and clip-higher, 2 epochs x 2 mini-batches against the trainer's rollout-time log-probs, and the sequence
+    token-sum aggregation: 2 processes take the 8 optimiser steps of 1, with the same ratio and mismatch metrics."""
+    knobs = {"algorithm": "reinforce_pp", "num_epochs": 2, "num_mini_batches": 2, "importance_level": "sequence",
+             "dual_clip": 3.0, "epsilon_high": 0.28, "loss_aggregation": "seq_mean_token_sum",
+             "initial_policy_kl_penalty": 0.05}  # fmt: skip
+    configs = {r: {**_config(tmp_path, tiny_policy_dir, f"pp{r}", reinforce=knobs), "seed": 3} for r in (1, 2)}
+    one, two = _one_and_two_ranks(tmp_path, configs)
+    _assert_same_run(one, two, optimiser_steps=8)
+    assert all(r["train_optim/ratio_max"] > 1 for r in one["metrics"][1:])
+
+
 @pytest.mark.slow
 def test_ppo_on_two_ranks_makes_the_one_rank_update(tmp_path, tiny_policy_dir, reward_model_dir):
     """PPO under torchrun: rank 0's critic server serves both ranks and trains on the gathered global batch;

@@ -70,3 +70,10 @@ def sleepy_reward(prompts, responses):
     """Takes 30 s: a reward slower than any try's time limit in the tests."""
     time.sleep(30)
     return [0.0] * len(responses)
+
+
+def half_flat_reward(prompts, responses):
+    """Flat (0) for prompts of odd length, `varied_reward` for the others: half the test prompts' groups have no
+    reward spread (dynamic sampling drops them)."""
+    varied = varied_reward(prompts, responses)
+    return [0.0 if len(p) % 2 else v for p, v in zip(prompts, varied)]

@@ -152,7 +152,13 @@ def test_metrics_samples_checkpoints_and_final_policy(run_config):
         assert 0 <= row["train_rollouts/frac_zero_std_groups"] <= 1
         # New metrics come after the existing ones: metrics.jsonl keeps its order.
         keys = [k for k in row if k.startswith("train_rollouts/")]
-        assert keys[-2:] == ["train_rollouts/reward_length_corr", "train_rollouts/frac_zero_std_groups"]
+        newer = ["train_rollouts/entropy", "train_rollouts/mismatch_kl", "train_rollouts/mismatch_ppl_ratio"]
+        assert keys[-5:] == ["train_rollouts/reward_length_corr", "train_rollouts/frac_zero_std_groups", *newer]
+        # The hf engine and the trainer agree in float32: the mismatch is float rounding.
+        assert (
+            0 <= row["train_rollouts/mismatch_kl"] < 1e-6 and abs(row["train_rollouts/mismatch_ppl_ratio"] - 1) < 1e-4
+        )
+        assert row["train_rollouts/entropy"] > 0
     # The gold rewards of each validation are the functions' means over that validation's samples.
     samples = read_jsonl(trainer.run_dir / "samples.jsonl")
     for row in (r for r in rows if "val/rewards" in r):
