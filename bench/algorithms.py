@@ -122,6 +122,7 @@ def train_preset(args: argparse.Namespace, preset: str, workdir: Path) -> dict:
     if end is None or end.end != "completed":  # SIGTERM or Ctrl-C stops the bench, not just this preset's run
         raise SystemExit(f"{preset}: {end.message if end else 'the run wrote no end record'}")
     row = summarise(preset, read_run(run_dir), time.perf_counter() - started)
+    row["seed"] = config.seed
     if args.workdir:  # a temporary folder is gone by the time the report is read
         row["run_dir"] = str(run_dir)
     return row
@@ -201,8 +202,9 @@ def main(argv: list[str] | None = None) -> dict:
     settings["config"] = str(args.config)
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {datetime.date.today()}")
     print(
-        f"{args.config.name}, {args.steps} steps a preset, validation every {args.val_every} steps on "
-        f"{args.val_prompts} held-out problems x {args.val_samples} samples; overrides: {args.overrides or 'none'}\n"
+        f"{args.config.name}, seed {rows[0]['seed']}, {args.steps} steps a preset, validation every "
+        f"{args.val_every} steps on {args.val_prompts} held-out problems x {args.val_samples} samples; "
+        f"overrides: {args.overrides or 'none'}\n"
     )
     print(format_rows(rows))
     report = {
