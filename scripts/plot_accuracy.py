@@ -20,7 +20,8 @@ from aligner.metrics import TIMER_STEP, VAL_REWARD
 METRIC = VAL_REWARD
 STEP_TIMER = TIMER_STEP  # a step's wall time, its validation included
 WIDTH, HEIGHT, MARGIN = 900, 520, 80
-LINE, GRID, TEXT = (31, 119, 180), (225, 225, 225), (40, 40, 40)
+GRID, TEXT = (225, 225, 225), (40, 40, 40)
+COLOURS = ((31, 119, 180), (214, 39, 40), (44, 160, 44), (255, 127, 14), (148, 103, 189))  # the first: one run
 
 
 def read_curve(run_dir: Path, metric: str = METRIC) -> list[tuple[int, float, float]]:
@@ -35,28 +36,43 @@ def read_curve(run_dir: Path, metric: str = METRIC) -> list[tuple[int, float, fl
 
 
 def draw(curve: list[tuple[int, float, float]], title: str, out: Path) -> None:
+    draw_curves({"": curve}, title, out)
+
+
+def draw_curves(curves: dict[str, list[tuple[int, float | None, float]]], title: str, out: Path) -> None:
+    """Each curve (label -> (step, minutes, value) points) in its own colour, with a legend when there are several.
+    The minutes are drawn on the upper axis for a single curve only: runs side by side have their own clocks."""
     img = Image.new("RGB", (WIDTH, HEIGHT), "white")
     d = ImageDraw.Draw(img)
     font, small = ImageFont.load_default(size=18), ImageFont.load_default(size=14)
     x0, y0, x1, y1 = MARGIN + 40, MARGIN, WIDTH - MARGIN // 2, HEIGHT - MARGIN  # room for the axis label
-    max_step = max(step for step, _, _ in curve) or 1
-    top = min(1.0, max(0.5, max(v for _, _, v in curve) + 0.1))
+    points_of = [p for curve in curves.values() for p in curve]
+    max_step = max(step for step, _, _ in points_of) or 1
+    top = min(1.0, max(0.5, max(v for _, _, v in points_of) + 0.1))
     px = lambda step: x0 + (x1 - x0) * step / max_step  # noqa: E731
     py = lambda v: y1 - (y1 - y0) * v / top  # noqa: E731
     for tick in range(0, int(round(top * 100)) + 1, 10):
         d.line([(x0, py(tick / 100)), (x1, py(tick / 100))], fill=GRID)
         d.text((x0 - 8, py(tick / 100)), f"{tick}%", fill=TEXT, font=small, anchor="rm")
-    for step, minutes, _ in curve:
+    for step in sorted({step for step, _, _ in points_of}):
         d.text((px(step), y1 + 8), str(step), fill=TEXT, font=small, anchor="mt")
-        d.text((px(step), y0 - 8), f"{minutes:.0f}", fill=TEXT, font=small, anchor="mb")
+    if len(curves) == 1:
+        for step, minutes, _ in next(iter(curves.values())):
+            d.text((px(step), y0 - 8), f"{minutes:.0f}", fill=TEXT, font=small, anchor="mb")
+        d.text(((x0 + x1) // 2, y0 - 30), "minutes", fill=TEXT, font=small, anchor="mb")
     d.rectangle([x0, y0, x1, y1], outline=TEXT)
-    points = [(px(step), py(v)) for step, _, v in curve]
-    d.line(points, fill=LINE, width=3)
-    for x, y in points:
-        d.ellipse([x - 4, y - 4, x + 4, y + 4], fill=LINE)
+    for i, (label, curve) in enumerate(curves.items()):
+        colour = COLOURS[i % len(COLOURS)]
+        points = [(px(step), py(v)) for step, _, v in curve]
+        d.line(points, fill=colour, width=3)
+        for x, y in points:
+            d.ellipse([x - 4, y - 4, x + 4, y + 4], fill=colour)
+        if len(curves) > 1:
+            ly = y0 + 12 + 22 * i
+            d.line([(x0 + 14, ly), (x0 + 44, ly)], fill=colour, width=3)
+            d.text((x0 + 52, ly), label, fill=TEXT, font=small, anchor="lm")
     d.text((WIDTH // 2, 12), title, fill=TEXT, font=font, anchor="mt")
     d.text(((x0 + x1) // 2, y1 + 34), "step", fill=TEXT, font=font, anchor="mt")
-    d.text(((x0 + x1) // 2, y0 - 30), "minutes", fill=TEXT, font=small, anchor="mb")
     d.text((12, (y0 + y1) // 2), "held-out\naccuracy", fill=TEXT, font=small, anchor="lm")
     out.parent.mkdir(parents=True, exist_ok=True)
     img.save(out)
