@@ -280,6 +280,10 @@ def global_masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 
     """`(x - mean) * rsqrt(var + eps)` where `mask` holds (0 elsewhere), the mean and the unbiased variance taken over
     every rank's masked elements: veRL's `masked_whiten` of the concatenated global batch (REINFORCE++'s whitening
     of its per-token returns); fewer than two elements in all give zeros."""
+    if not dist.is_initialized():
+        from aligner.algorithms.grpo import masked_whiten
+
+        return masked_whiten(values, mask, eps)
     valid = mask.bool()
     count, mean, squares = _global_moments(values[valid])
     if count < 2:

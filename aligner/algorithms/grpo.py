@@ -50,6 +50,7 @@ __all__ = [
     "importance_ratio",
     "kl_loss_term",
     "loss_normalizer",
+    "masked_whiten",
     "overlong_penalty",
     "per_token_kl_estimate",
     "per_token_policy_loss",
@@ -245,15 +246,20 @@ def reinforce_pp_advantages(
     veRL's on valid tokens (tested); one difference: with fewer than two valid tokens veRL raises, this returns 0.
     """
     returns = reinforce_pp_returns(rewards, logprobs, ref_logprobs, mask, kl_coef, estimator, gamma)
+    return masked_whiten(returns, mask, eps), returns
+
+
+def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """``(x - mean) * rsqrt(var + eps)`` where ``mask`` holds, 0 elsewhere; mean and unbiased (Bessel) variance over
+    the masked elements, as veRL's ``masked_whiten``; zeros for fewer than two elements. Detached."""
     with torch.no_grad():
-        valid = mask.to(logprobs.device).bool()
+        valid = mask.to(values.device).bool()
         count = valid.sum()
         if count < 2:
-            return torch.zeros_like(returns), returns
-        mu = masked_mean(returns, valid)
-        var = masked_mean((returns - mu).square(), valid) * count / (count - 1)
-        advantages = (returns - mu) * torch.rsqrt(var + eps) * valid
-        return advantages, returns
+            return torch.zeros_like(values)
+        mu = masked_mean(values, valid)
+        var = masked_mean((values - mu).square(), valid) * count / (count - 1)
+        return (values - mu) * torch.rsqrt(var + eps) * valid
 
 
 def reinforce_pp_returns(
