@@ -1,6 +1,5 @@
 """Shared fixtures: a tiny tokenizer and Llama policy built locally from configs (no model hub). Files with the most
-slow seconds run first (`pytest_collection_modifyitems`); under xdist the demo assets build in the background
-meanwhile (`pytest_sessionstart`)."""
+slow seconds run first (`pytest_collection_modifyitems`)."""
 
 from __future__ import annotations
 
@@ -8,8 +7,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -44,46 +41,13 @@ def pytest_collection_modifyitems(config, items) -> None:
     files to two xdist workers in collection order (--dist loadfile, with --no-loadscope-reorder: by default xdist
     puts the files with the most tests first): long files started last would leave one worker running alone at the
     end, while started first they overlap with the many short ones. A slow test counts `SLOW_TEST_SECONDS`, or the
-    seconds its marker gives (the longest ones, from `make test`'s --durations).
-
-    The slow files that need the demo assets come after the other slow ones: the assets build in the background
-    from the session's start (`pytest_sessionstart`, a minute or two), and a worker reaching them early would wait
-    for the build instead of running something else."""
-    slow, demo = Counter(), set()
+    seconds its marker gives (the longest ones, from `make test`'s --durations)."""
+    slow = Counter()
     for item in items:
         marker = item.get_closest_marker("slow")
         if marker:
             slow[item.path] += marker.args[0] if marker.args else SLOW_TEST_SECONDS
-        if "demo_assets_dir" in getattr(item, "fixturenames", ()):
-            demo.add(item.path)
-    # Stable: files keep their order among equals.
-    items.sort(key=lambda item: (not slow[item.path], item.path in demo, -slow[item.path]))
-
-
-def pytest_sessionstart(session) -> None:
-    """`make test` (two xdist workers, ALIGNER_TEST_ASSETS set): start building the demo assets in a process of their
-    own at once, as `built_once` would (the same folder and lock), so that the build overlaps with the tests that do
-    not need it instead of holding up the first worker that does."""
-    config = session.config
-    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None) or not os.environ.get(ASSETS_ENV):
-        return
-    base = Path(os.environ[ASSETS_ENV])
-    if (base / f"demo-{_sources_digest('aligner')}" / ".built").exists():
-        return
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-c", "from tests.conftest import prebuild_demo_assets; prebuild_demo_assets()"]
-    config.stash[_DEMO_BUILD] = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.DEVNULL)
-
-
-def pytest_sessionfinish(session) -> None:
-    build = session.config.stash.get(_DEMO_BUILD, None)
-    if build is not None and build.poll() is None:  # a run that needed no demo assets: left for the next one
-        build.terminate()
-        build.wait()
-
-
-_DEMO_BUILD = pytest.StashKey[subprocess.Popen]()
+    items.sort(key=lambda item: -slow[item.path])  # stable: files keep their order among equals
 
 
 def build_tiny_policy(out_dir: Path, chat_template: bool = True, seed: int = 0) -> Path:
@@ -184,21 +148,13 @@ def fresh_service_settings():
     service_settings.cache_clear()  # after monkeypatch restored the environment: nothing leaks into the next test
 
 
-def _build_demo_assets(folder: Path) -> None:
-    from aligner.demo.assets import build_demo_assets
-
-    build_demo_assets(folder / "assets", seed=0, progress=False)
-
-
-def prebuild_demo_assets() -> None:
-    """`pytest_sessionstart`'s background build: `demo_assets_dir`'s, into ALIGNER_TEST_ASSETS."""
-    built_once(None, "demo", _build_demo_assets, sources=("aligner",))
-
-
 @pytest.fixture(scope="session")
 def demo_assets_dir(tmp_path_factory) -> Path:
     """The full demo folder of `aligner demo-assets` (about a minute to build): slow tests only."""
-    return built_once(tmp_path_factory, "demo", _build_demo_assets, sources=("aligner",)) / "assets"
+    from aligner.demo.assets import build_demo_assets
+
+    build = lambda folder: build_demo_assets(folder / "assets", seed=0, progress=False)  # noqa: E731
+    return built_once(tmp_path_factory, "demo", build, sources=("aligner",)) / "assets"
 
 
 @pytest.fixture
