@@ -751,13 +751,14 @@ class ReinforceTrainer:
         cfg = self.config.reinforce
         need, rounds = cfg.num_prompts_per_step, 0
         rank, ranks = distributed.dp_rank(), distributed.dp_size()
-        parts = []  # per round: (samples, this rank's prompts, groups with spread, every rank's count of them)
+        # Per round: (samples, this rank's prompts, their rewards, groups with spread, every rank's count of them).
+        parts = []
         while True:
             with self.timers.time(TIMER_REWARD):
                 rewards = self._score(gen, data, prompt_indices)[1].result()
             useful = gen.group_ids[~zero_spread_groups(rewards, gen.group_ids)].unique()
-            parts.append((gen, prompt_indices, useful, distributed.all_gather_objects(int(useful.numel()))))
-            found = sum(sum(part[3]) for part in parts)
+            parts.append((gen, prompt_indices, rewards, useful, distributed.all_gather_objects(int(useful.numel()))))
+            found = sum(sum(part[4]) for part in parts)
             if found >= need or rounds >= cfg.max_sampling_rounds:
                 break
             rounds += 1
@@ -770,18 +771,21 @@ class ReinforceTrainer:
                 )
         seen = sum(distributed.all_gather_objects(sum(len(part[1]) for part in parts)))
         if found == 0:
-            gen, indices = parts[0][0], parts[0][1]
+            gen, indices, rewards = parts[0][0], parts[0][1], parts[0][2]
         else:
-            chosen, indices, left = [], [], need
-            for samples, prompts, useful, counts in parts:
+            chosen, indices, kept_rewards, left = [], [], [], need
+            for samples, prompts, scored, useful, counts in parts:
                 mine = max(0, min(counts[rank], left - sum(counts[:rank])))  # the ranks before take theirs first
                 left = max(0, left - sum(counts))
                 groups = useful[:mine]
-                chosen.append(select_samples(samples, torch.isin(samples.group_ids, groups)))
+                keep = torch.isin(samples.group_ids, groups)
+                chosen.append(select_samples(samples, keep))
+                kept_rewards.append(scored[keep])
                 indices += [prompts[int(g)] for g in groups]
-            gen = concat_samples(chosen, self.generator.pad_id)
+            gen, rewards = concat_samples(chosen, self.generator.pad_id), torch.cat(kept_rewards)
         extra = {DROPPED_GROUPS: 1.0 - min(found, need) / max(seen, 1), SAMPLING_ROUNDS: float(rounds)}
-        return self._score_rollout(indices, gen, data, extra_metrics=extra)
+        # The kept samples' rewards are known already: the rollout does not ask the reward for them again.
+        return self._score_rollout(indices, gen, data, extra_metrics=extra, rewards=rewards)
 
     def _score_rollout(
         self,
@@ -789,13 +793,19 @@ class ReinforceTrainer:
         gen: GenerationOutput,
         data: PromptDataset,
         extra_metrics: dict[str, float] | None = None,
+        rewards: torch.Tensor | None = None,
     ) -> Rollout:
         """`rollout` from the samples `gen` of this rank's `prompt_indices`: rewards, KL, baseline, advantages;
         generation's log-probs are kept as the engine's (the behaviour policy's), `extra_metrics` (global values)
-        join the step's."""
+        join the step's; `rewards`, when given, are the samples' as scored already."""
         cfg = self.config.reinforce
-        with self.timers.time(TIMER_REWARD):
-            prompts, future = self._score(gen, data, prompt_indices)
+        if rewards is None:
+            with self.timers.time(TIMER_REWARD):
+                prompts, future = self._score(gen, data, prompt_indices)
+        else:  # scored already (dynamic sampling)
+            prompts = [data.texts[i] for i in sample_prompt_indices(gen, prompt_indices)]
+            future = Future()
+            future.set_result(rewards)
         batch = gen.response_batch()
         logprobs, ref_logprobs, trainer_logprobs = self._policy_and_reference_logprobs(gen, batch)
         with self.timers.time(TIMER_REWARD):
